@@ -1,0 +1,1 @@
+"""Shared contracts of the evalstream services: settings, topic names, messages, keys."""

@@ -1,0 +1,57 @@
+"""Creates what the services need before they start: Kafka topics, S3 buckets, the
+database schema. Idempotent; run by `make up` and by docker-compose's bootstrap service.
+
+    python -m evalstream.common.bootstrap [--groups smollm2-cpu,light]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from evalstream.common import db, storage
+from evalstream.common.settings import Settings
+from evalstream.common.topics import topic_specs
+
+
+async def ensure_topics(bootstrap: str, groups: list[str]) -> list[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [t for t in topic_specs(groups) if t.name not in existing]
+        if wanted:
+            await admin.create_topics(
+                [NewTopic(t.name, t.partitions, 1, topic_configs=t.config) for t in wanted]
+            )
+        return [t.name for t in wanted]
+    finally:
+        await admin.close()
+
+
+def default_groups() -> list[str]:
+    raw = os.environ.get("WORKER_GROUPS", "")
+    groups = [g.strip() for g in raw.split(",") if g.strip()]
+    return groups or [Settings.from_env().worker_group]
+
+
+async def bootstrap(settings: Settings, groups: list[str]) -> None:
+    topics = await ensure_topics(settings.kafka_bootstrap, groups)
+    buckets = await asyncio.to_thread(storage.ensure_buckets, settings)
+    applied = await db.migrate(settings.database_url)
+    print(f"bootstrap: topics created {topics or 'none'}; buckets created {buckets or 'none'}; "
+          f"migrations applied {applied or 'none'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", default=",".join(default_groups()), help="worker groups to make work topics for")
+    args = ap.parse_args()
+    asyncio.run(bootstrap(Settings.from_env(), [g for g in args.groups.split(",") if g]))
+
+
+if __name__ == "__main__":
+    main()

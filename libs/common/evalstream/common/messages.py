@@ -1,0 +1,196 @@
+"""Every message on the wire: versioned msgspec Structs, JSON-encoded.
+
+JSON (not msgpack) so that any Kafka client can publish a job. Decoding is strict about
+types and lenient about unknown fields, so that a newer producer can add fields without
+breaking older consumers; `schema_version` changes only for incompatible changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: list[str] = msgspec.field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        out = []
+        if not 1 <= self.max_tokens <= 32768:
+            out.append(f"max_tokens must be in 1..32768, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            out.append(f"temperature must be in 0..2, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            out.append(f"top_p must be in (0, 1], got {self.top_p}")
+        return out
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    max_attempts: int = 3
+    base_delay_s: float = 1.0
+    multiplier: float = 4.0
+
+    def delay_after(self, attempt: int) -> float:
+        """Seconds to wait before attempt `attempt + 1`."""
+        return float(self.base_delay_s * self.multiplier ** max(0, attempt - 1))
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Published to eval.jobs by `evalctl submit` or any Kafka client."""
+
+    dataset: str  # local path or s3://bucket/key
+    model: str = "hf:smollm2-135m-instruct"
+    grader: str = "auto"
+    generation: GenerationParams = msgspec.field(default_factory=GenerationParams)
+    prompt_template: str | None = None
+    system_prompt: str | None = None
+    shard_size: int = 32
+    retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
+    name: str | None = None
+    run_id: str | None = None  # given by evalctl; derived from the message otherwise
+    sla_fallback: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+
+class Item(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    id: str
+    question: str | None = None
+    messages: list[ChatMessage] | None = None
+    answer: str | None = None
+    choices: list[str] | None = None
+    category: str | None = None
+    # HumanEval-style code tasks
+    entry_point: str | None = None
+    test: str | None = None
+    meta: dict[str, Any] | None = None
+
+
+class Shard(msgspec.Struct, frozen=True, kw_only=True):
+    """A slice of a run. Published to eval.shards (by the producer), eval.work.<group> (by
+    the router) and eval.retry (by workers, with only the items still to do)."""
+
+    run_id: str
+    shard_id: str
+    shard_index: int
+    shard_count: int
+    model: str
+    grader: str
+    generation: GenerationParams
+    items: list[Item]
+    prompt_template: str | None = None
+    system_prompt: str | None = None
+    retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
+    attempt: int = 1
+    not_before: float = 0.0  # unix time; set on eval.retry
+    routed_to: str | None = None  # worker group chosen by the router
+    served_model: str | None = None  # model of that group, when it differs (SLA fallback)
+    sla_fallback: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+
+class ItemResult(msgspec.Struct, frozen=True, kw_only=True):
+    run_id: str
+    item_id: str
+    shard_id: str
+    response: str | None
+    extracted: str | None
+    correct: bool | None
+    score: float
+    error: str | None = None
+    attempts: int = 1
+    cache_hit: bool = False
+    latency_ms: float = 0.0
+    served_by: str = ""  # "<group>/<model>"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    truncated: bool = False
+    category: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+class ShardResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Published to eval.results: the items of one shard delivery that reached an outcome."""
+
+    run_id: str
+    shard_id: str
+    worker_id: str
+    group: str
+    results: list[ItemResult]
+    schema_version: int = SCHEMA_VERSION
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """Published to the compacted eval.heartbeats topic, keyed by worker_id."""
+
+    worker_id: str
+    group: str
+    model: str
+    ts: float
+    device: str  # "cuda:0 (NVIDIA H100 ...)" or "cpu"
+    gpu_utilization: float | None = None  # 0..1
+    gpu_memory_used_bytes: int | None = None
+    gpu_memory_free_bytes: int | None = None
+    gpu_temperature_c: float | None = None
+    gpu_power_w: float | None = None
+    cpu_utilization: float | None = None
+    queue_depth: int = 0
+    latency_p50_ms: float = 0.0
+    latency_p95_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    error_rate: float = 0.0
+    status: Literal["starting", "ready", "draining", "stopped"] = "ready"
+    schema_version: int = SCHEMA_VERSION
+
+
+class DeadLetterHeaders:
+    """Header names on eval.dlq. The value is the original message (or, for an item that
+    failed every attempt, a Shard holding only that item)."""
+
+    ORIGINAL_TOPIC = "x-original-topic"
+    ORIGINAL_PARTITION = "x-original-partition"
+    ORIGINAL_OFFSET = "x-original-offset"
+    ERROR = "x-error"
+    ERROR_TYPE = "x-error-type"
+    ATTEMPTS = "x-attempts"
+    RUN_ID = "x-run-id"
+    ITEM_ID = "x-item-id"
+    FAILED_AT = "x-failed-at"
+
+
+T = TypeVar("T")
+
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_encoder = msgspec.json.Encoder()
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes | str, kind: type[T]) -> T:
+    """Decodes `data` as `kind`; raises msgspec.ValidationError / DecodeError on bad input."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    result: T = decoder.decode(data)
+    version = getattr(result, "schema_version", SCHEMA_VERSION)
+    if version > SCHEMA_VERSION:
+        raise msgspec.ValidationError(
+            f"schema_version {version} is newer than this service understands ({SCHEMA_VERSION})"
+        )
+    return result

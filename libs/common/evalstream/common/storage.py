@@ -1,0 +1,58 @@
+"""The S3 object store (SeaweedFS locally, any S3 server in production) through the
+`minio` client. The client is synchronous: async callers wrap calls in asyncio.to_thread."""
+
+from __future__ import annotations
+
+import io
+from urllib.parse import urlparse
+
+from minio import Minio
+from minio.error import S3Error
+
+from evalstream.common.settings import Settings
+
+
+def client(settings: Settings) -> Minio:
+    url = urlparse(settings.s3_endpoint)
+    return Minio(
+        url.netloc,
+        access_key=settings.s3_access_key,
+        secret_key=settings.s3_secret_key,
+        region=settings.s3_region,
+        secure=url.scheme == "https",
+    )
+
+
+def ensure_buckets(settings: Settings) -> list[str]:
+    s3 = client(settings)
+    made = []
+    for bucket in (settings.s3_bucket_datasets, settings.s3_bucket_results):
+        if not s3.bucket_exists(bucket):
+            try:
+                s3.make_bucket(bucket)
+                made.append(bucket)
+            except S3Error as exc:  # created concurrently by another service
+                if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                    raise
+    return made
+
+
+def put_bytes(s3: Minio, bucket: str, name: str, data: bytes, content_type: str) -> None:
+    s3.put_object(bucket, name, io.BytesIO(data), len(data), content_type=content_type)
+
+
+def get_bytes(s3: Minio, bucket: str, name: str) -> bytes:
+    resp = s3.get_object(bucket, name)
+    try:
+        return resp.read()
+    finally:
+        resp.close()
+        resp.release_conn()
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """s3://bucket/key -> (bucket, key)."""
+    url = urlparse(uri)
+    if url.scheme != "s3" or not url.netloc or not url.path.strip("/"):
+        raise ValueError(f"not an s3://bucket/key URI: {uri!r}")
+    return url.netloc, url.path.lstrip("/")

@@ -1,0 +1,53 @@
+"""Every Kafka topic and consumer-group name, in one place, with partition counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JOBS = "eval.jobs"
+SHARDS = "eval.shards"
+RESULTS = "eval.results"
+RETRY = "eval.retry"
+DLQ = "eval.dlq"
+HEARTBEATS = "eval.heartbeats"
+WORK_PREFIX = "eval.work."
+
+PRODUCER_GROUP = "evalstream-producer"
+ROUTER_GROUP = "evalstream-router"
+AGGREGATOR_GROUP = "evalstream-aggregator"
+AGGREGATOR_DLQ_GROUP = "evalstream-aggregator-dlq"
+RETRY_GROUP = "evalstream-retry"
+
+
+def work_topic(group: str) -> str:
+    """The topic a worker group consumes."""
+    return f"{WORK_PREFIX}{group}"
+
+
+def worker_consumer_group(group: str) -> str:
+    return f"evalstream-worker-{group}"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+
+
+# Partition counts bound the parallelism of each stage: work topics allow up to 6 workers
+# per group, results allow the aggregator to scale to 6.
+BASE_TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(JOBS, 3, {}),
+    TopicSpec(SHARDS, 6, {}),
+    TopicSpec(RESULTS, 6, {}),
+    TopicSpec(RETRY, 3, {}),
+    TopicSpec(DLQ, 3, {}),
+    # Latest heartbeat per worker is all anyone needs: compacted, keyed by worker id.
+    TopicSpec(HEARTBEATS, 1, {"cleanup.policy": "compact", "segment.ms": "60000"}),
+)
+WORK_PARTITIONS = 6
+
+
+def topic_specs(groups: list[str]) -> list[TopicSpec]:
+    return [*BASE_TOPICS, *(TopicSpec(work_topic(g), WORK_PARTITIONS, {}) for g in groups)]
