@@ -60,6 +60,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
     name: str | None = None
     run_id: str | None = None  # given by evalctl; derived from the message otherwise
+    worker_group: str | None = None  # pin the run to one worker group
     sla_fallback: bool = False
     schema_version: int = SCHEMA_VERSION
 
@@ -94,6 +95,7 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
     attempt: int = 1
     not_before: float = 0.0  # unix time; set on eval.retry
+    worker_group: str | None = None  # pinned by the job, else chosen by the router
     routed_to: str | None = None  # worker group chosen by the router
     served_model: str | None = None  # model of that group, when it differs (SLA fallback)
     sla_fallback: bool = False

@@ -21,8 +21,8 @@ DEFAULTS: dict[str, str] = {
     "S3_BUCKET_RESULTS": "evalstream-results",
     "HTTP_HOST": "127.0.0.1",
     "HTTP_PORT": "0",
-    "WORKER_GROUP": "smollm2-cpu",
-    "WORKER_MODEL": "hf:smollm2-135m-instruct",
+    "WORKER_GROUP": "default",
+    "WORKER_MODEL": "hf:smollm2-135m-instruct,null,replay:*",
     "WORKER_ID": "",
     "BATCH_TOKEN_BUDGET": "2048",
     "BATCH_MAX_WAIT_MS": "100",
@@ -61,7 +61,7 @@ class Settings:
     http_host: str = DEFAULTS["HTTP_HOST"]
     http_port: int = int(DEFAULTS["HTTP_PORT"])
     worker_group: str = DEFAULTS["WORKER_GROUP"]
-    worker_model: str = DEFAULTS["WORKER_MODEL"]
+    worker_model: str = DEFAULTS["WORKER_MODEL"]  # comma-separated SPEC patterns this group serves
     worker_id: str = DEFAULTS["WORKER_ID"]
     batch_token_budget: int = int(DEFAULTS["BATCH_TOKEN_BUDGET"])
     batch_max_wait_ms: int = int(DEFAULTS["BATCH_MAX_WAIT_MS"])

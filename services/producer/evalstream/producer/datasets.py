@@ -386,8 +386,17 @@ class _Reader:
                 if name not in known:
                     first, count = self._unknown.get(name, (line, 0))
                     self._unknown[name] = (first, count + 1)
+            item_id = self.item_id(line, record, "task_id" if humaneval else "id")
+            if item_id is not None:
+                # checked even when the rest of the item is bad, so both problems show at once
+                first_line = self._ids.get(item_id)
+                if first_line is not None:
+                    self.problem(line, "id", f'duplicate id "{item_id}" (first on {self.unit} {first_line})')
+                    item_id = None
+                else:
+                    self._ids[item_id] = line
             item = self.humaneval_item(line, record) if humaneval else self.generic_item(line, record)
-            if item is None:
+            if item is None or item_id is None:
                 continue
             size = len(_canonical(item))
             if size > self.max_item_bytes:
@@ -398,16 +407,11 @@ class _Reader:
                     "for one Kafka message",
                 )
                 continue
-            first_line = self._ids.get(item.id)
-            if first_line is not None:
-                self.problem(line, "id", f'duplicate id "{item.id}" (first on {self.unit} {first_line})')
-                continue
-            self._ids[item.id] = line
             self.items.append((line, item))
 
     def generic_item(self, line: int, rec: dict[str, Any]) -> Item | None:
         before = len(self.problems)
-        item_id = self.item_id(line, rec, "id")
+        item_id = _quiet_id(rec, "id")
 
         given = [name for name in _INPUT_FIELDS if rec.get(name) is not None]
         question: str | None = None
@@ -445,7 +449,7 @@ class _Reader:
 
     def humaneval_item(self, line: int, rec: dict[str, Any]) -> Item | None:
         before = len(self.problems)
-        item_id = self.item_id(line, rec, "task_id")
+        item_id = _quiet_id(rec, "task_id")
         prompt = self.text(line, rec, "prompt", required=True)
         entry_point = self.text(line, rec, "entry_point", required=True)
         test = self.text(line, rec, "test", required=True)
@@ -636,6 +640,14 @@ class _Invalid:
 
 
 _INVALID: Any = _Invalid()
+
+
+def _quiet_id(rec: dict[str, Any], name: str) -> str | None:
+    """The id as `_Reader.item_id` gives it, without reporting (validate already has)."""
+    value = rec.get(name)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def _is_humaneval(fields: Iterable[str]) -> bool:

@@ -1,0 +1,145 @@
+"""What every service shares: the broker factory, the HTTP routes (/healthz, /readyz,
+/metrics) next to the FastStream app, dead-lettering, and the runner.
+
+A service module stays short: `broker = make_broker(...)`, its subscribers, then
+`app = make_app(broker, ...)`; `run(app)` serves it with uvicorn, which turns SIGTERM into
+an orderly shutdown: stop consuming, let in-flight handlers finish (graceful_timeout),
+commit, exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import uvicorn
+from aiokafka import ConsumerRecord
+from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
+from faststream.kafka import KafkaBroker
+from faststream.kafka.prometheus import KafkaPrometheusMiddleware
+from prometheus_client import REGISTRY, make_asgi_app
+
+from evalstream.common import topics
+from evalstream.common.messages import DeadLetterHeaders as H
+from evalstream.common.metrics import DEAD_LETTERED
+from evalstream.common.settings import Settings
+
+# A shard of a few hundred items with long prompts can exceed Kafka's 1 MB default.
+MAX_MESSAGE_BYTES = 1024 * 1024
+
+
+def make_broker(settings: Settings, service: str, *, graceful_timeout: float = 30.0) -> KafkaBroker:
+    return KafkaBroker(
+        settings.kafka_bootstrap,
+        client_id=f"evalstream-{service}",
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        max_request_size=MAX_MESSAGE_BYTES,
+        graceful_timeout=graceful_timeout,
+        allow_auto_create_topics=False,
+        middlewares=[KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"evalstream-{service}")],
+        log_level=logging.INFO,
+    )
+
+
+ReadyCheck = Callable[[], Awaitable[bool]]
+
+
+def make_app(
+    broker: KafkaBroker,
+    *,
+    lifespan: Callable[[], AbstractAsyncContextManager[None]] | None = None,
+    ready_checks: Sequence[ReadyCheck] = (),
+    after_startup: Sequence[Callable[[], Awaitable[None]]] = (),
+    on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+) -> AsgiFastStream:
+    """/healthz: the process serves HTTP (liveness). /readyz: the broker answers and every
+    service-specific check passes (a worker's model is loaded, the database answers).
+
+    Order: `lifespan` enters before the broker connects and exits after it stopped;
+    `after_startup` runs once it is connected, `on_shutdown` before it disconnects."""
+    broker_ping = make_ping_asgi(broker, timeout=5.0, include_in_schema=False)
+
+    @get(include_in_schema=False)
+    async def healthz(scope: Any) -> AsgiResponse:
+        return AsgiResponse(b"ok\n", 200)
+
+    @get(include_in_schema=False)
+    async def readyz(scope: Any) -> AsgiResponse:
+        if not await broker.ping(5.0):
+            return AsgiResponse(b"broker unreachable\n", 503)
+        for check in ready_checks:
+            if not await check():
+                return AsgiResponse(f"{getattr(check, '__name__', 'check')} failed\n".encode(), 503)
+        return AsgiResponse(b"ready\n", 200)
+
+    return AsgiFastStream(
+        broker,
+        lifespan=lifespan,  # type: ignore[arg-type]
+        after_startup=after_startup,
+        on_shutdown=on_shutdown,
+        asgi_routes=[
+            ("/healthz", healthz),
+            ("/readyz", readyz),
+            ("/ping", broker_ping),
+            ("/metrics", make_asgi_app(REGISTRY)),
+        ],
+    )
+
+
+def run(app: AsgiFastStream, settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        app,
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=60,
+        access_log=False,
+        lifespan="on",
+    )
+
+
+def dead_letter_headers(
+    record: ConsumerRecord[Any, Any] | None,
+    error: BaseException | str,
+    *,
+    attempts: int = 1,
+    run_id: str | None = None,
+    item_id: str | None = None,
+    original_topic: str | None = None,
+) -> dict[str, str]:
+    """Headers of a dead letter: where the message came from and why it died."""
+    headers = {
+        H.ERROR: str(error)[:2000] or type(error).__name__,
+        H.ERROR_TYPE: type(error).__name__ if isinstance(error, BaseException) else "ItemFailed",
+        H.ATTEMPTS: str(attempts),
+        H.FAILED_AT: f"{time.time():.3f}",
+    }
+    if record is not None:
+        headers[H.ORIGINAL_TOPIC] = record.topic
+        headers[H.ORIGINAL_PARTITION] = str(record.partition)
+        headers[H.ORIGINAL_OFFSET] = str(record.offset)
+    if original_topic:
+        headers[H.ORIGINAL_TOPIC] = original_topic
+    if run_id:
+        headers[H.RUN_ID] = run_id
+    if item_id:
+        headers[H.ITEM_ID] = item_id
+    return headers
+
+
+async def dead_letter(
+    broker: KafkaBroker,
+    payload: bytes,
+    headers: dict[str, str],
+    *,
+    key: bytes | None = None,
+    reason: str = "poison",
+) -> None:
+    await broker.publish(payload, topics.DLQ, key=key, headers=headers)
+    DEAD_LETTERED.labels(topic=headers.get(H.ORIGINAL_TOPIC, "?"), reason=reason).inc()

@@ -1,0 +1,87 @@
+"""Run summaries, computed in PostgreSQL from the one row per item.
+
+accuracy = mean score over *all* items, a failed item scoring 0, so that failures can
+never flatter a model; `accuracy_answered` gives the mean over the items that got an
+answer. Both are recomputable from `evalctl results`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+_TOTALS = """
+SELECT count(*) AS n,
+       count(*) FILTER (WHERE error IS NULL) AS succeeded,
+       count(*) FILTER (WHERE error IS NOT NULL) AS failed,
+       coalesce(sum(score), 0) AS score_sum,
+       coalesce(sum(score) FILTER (WHERE error IS NULL), 0) AS answered_score_sum,
+       count(*) FILTER (WHERE cache_hit) AS cache_hits,
+       count(*) FILTER (WHERE attempts > 1) AS retried,
+       count(*) FILTER (WHERE truncated) AS truncated,
+       coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+       coalesce(sum(completion_tokens), 0) AS completion_tokens,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE error IS NULL) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE error IS NULL) AS p95,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE error IS NULL) AS p99,
+       max(recorded_at) AS last_recorded
+FROM item_results WHERE run_id = $1
+"""
+
+_BREAKDOWN = """
+SELECT {col} AS key, count(*) AS n, coalesce(sum(score), 0) AS score_sum,
+       count(*) FILTER (WHERE error IS NOT NULL) AS failed
+FROM item_results WHERE run_id = $1 AND {col} IS NOT NULL AND {col} <> '' GROUP BY {col} ORDER BY {col}
+"""
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 6) if b else None
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dict[str, Any]:
+    run = await conn.fetchrow("SELECT * FROM runs WHERE run_id = $1", run_id)
+    if run is None:
+        raise KeyError(run_id)
+    t = await conn.fetchrow(_TOTALS, run_id)
+    assert t is not None
+    breakdown = {}
+    for col in ("category", "served_by"):
+        rows = await conn.fetch(_BREAKDOWN.format(col=col), run_id)
+        breakdown[col] = {r["key"]: {"total": r["n"], "accuracy": _ratio(r["score_sum"], r["n"]), "failed": r["failed"]}
+                          for r in rows}
+    total = run["total"] or 0
+    started = run["published_at"] or run["created_at"]
+    elapsed = (t["last_recorded"] - started).total_seconds() if t["last_recorded"] and started else 0.0
+    return {
+        "run_id": run_id,
+        "name": run["name"],
+        "status": run["status"],
+        "total": total,
+        "recorded": t["n"],
+        "succeeded": t["succeeded"],
+        "failed": t["failed"],
+        "accuracy": _ratio(t["score_sum"], total),
+        "accuracy_answered": _ratio(t["answered_score_sum"], t["succeeded"]),
+        "latency_ms": {"p50": t["p50"], "p95": t["p95"], "p99": t["p99"]},
+        "items_per_s": round(t["n"] / elapsed, 3) if elapsed > 0 else None,
+        "duration_s": round(elapsed, 3),
+        "cache_hits": t["cache_hits"],
+        "retried": t["retried"],
+        "truncated": t["truncated"],
+        "tokens": {"prompt": t["prompt_tokens"], "completion": t["completion_tokens"]},
+        "model": run["model"],
+        "grader": run["grader"],
+        "dataset_sha256": run["dataset_sha256"],
+        "manifest_sha256": run["manifest_sha256"],
+        "by_category": breakdown["category"],
+        "by_served_by": breakdown["served_by"],
+        "created_at": _iso(run["created_at"]),
+        "completed_at": _iso(run["completed_at"]),
+    }

@@ -1,0 +1,70 @@
+"""The producer service: eval.jobs -> validated runs -> eval.shards."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+from faststream import AckPolicy
+from faststream.kafka.annotations import KafkaMessage
+
+from evalstream.common import db, keys, service, storage, topics
+from evalstream.common.messages import JobSpec, decode
+from evalstream.common.metrics import RUNS
+from evalstream.common.settings import Settings
+from evalstream.producer.intake import Intake
+
+log = logging.getLogger("evalstream.producer")
+settings = Settings.from_env()
+broker = service.make_broker(settings, "producer")
+state: dict[str, Intake] = {}
+
+
+@broker.subscriber(topics.JOBS, group_id=topics.PRODUCER_GROUP, auto_offset_reset="earliest",
+                   ack_policy=AckPolicy.NACK_ON_ERROR, max_poll_interval_ms=30 * 60 * 1000)
+async def on_job(msg: KafkaMessage) -> None:
+    record = msg.raw_message
+    raw: bytes = record.value or b""  # type: ignore[union-attr]
+    try:
+        job = decode(raw, JobSpec)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        # Garbage on eval.jobs never stops the producer: it becomes a dead letter.
+        log.warning("undecodable job at %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc)  # type: ignore[union-attr]
+        await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)  # type: ignore[arg-type]
+        RUNS.labels(outcome="undecodable").inc()
+        return
+    run_id = job.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)  # type: ignore[union-attr]
+
+    async def publish(payload: bytes, key: str) -> None:
+        await broker.publish(payload, topics.SHARDS, key=key.encode())
+
+    try:
+        outcome = await state["intake"].handle(job, run_id, publish)
+    except Exception:
+        log.exception("job %s failed; it will be redelivered", run_id)
+        await asyncio.sleep(2.0)  # don't spin while PostgreSQL or S3 is down
+        raise
+    RUNS.labels(outcome=outcome).inc()
+
+
+@asynccontextmanager
+async def lifespan() -> AsyncIterator[None]:
+    pool = await db.create_pool(settings.database_url)
+    state["intake"] = Intake(settings, pool, storage.client(settings))
+    try:
+        yield
+    finally:
+        await pool.close()
+
+
+async def database_ready() -> bool:
+    try:
+        return bool(await state["intake"].pool.fetchval("SELECT 1"))
+    except Exception:
+        return False
+
+
+app = service.make_app(broker, lifespan=lifespan, ready_checks=[database_ready])

@@ -1,0 +1,150 @@
+"""Job intake: validate the whole dataset, store it and the run manifest, publish shards.
+
+Nothing of a rejected job is published. A job redelivered after a crash (its offset was
+not committed) republishes the same deterministic shards; the sinks drop the duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import msgspec
+from minio import Minio
+
+from evalstream.common import keys, storage
+from evalstream.common.messages import Item, JobSpec, Shard, encode
+from evalstream.common.settings import Settings
+from evalstream.common.specs import grader_problem, spec_problem
+from evalstream.producer.datasets import DatasetError, LoadedDataset, Problem, load_dataset
+from evalstream.producer.manifest import build_manifest, manifest_sha256
+
+log = logging.getLogger("evalstream.producer")
+
+MAX_SHARD_SIZE = 1000
+
+Publish = Callable[[bytes, str], Awaitable[None]]  # (payload, key) -> durable on the broker
+
+
+@dataclass(frozen=True)
+class Rejection:
+    problems: list[Problem]
+
+    def as_json(self) -> str:
+        return json.dumps([msgspec.to_builtins(p) if isinstance(p, msgspec.Struct) else p.__dict__
+                           for p in self.problems])
+
+
+def job_problems(job: JobSpec) -> list[Problem]:
+    """Everything wrong with the job apart from its dataset."""
+    out = [Problem(line=None, field=f, message=m) for f, m in (
+        ("model", spec_problem(job.model)),
+        ("grader", grader_problem(job.grader)),
+    ) if m]
+    out += [Problem(line=None, field="generation", message=m) for m in job.generation.problems()]
+    if not 1 <= job.shard_size <= MAX_SHARD_SIZE:
+        out.append(Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}"))
+    if not 1 <= job.retry.max_attempts <= 20:
+        out.append(Problem(line=None, field="retry.max_attempts", message="max_attempts must be in 1..20"))
+    if job.prompt_template is not None and "{question}" not in job.prompt_template \
+            and "{prompt}" not in job.prompt_template:
+        out.append(Problem(line=None, field="prompt_template", message="template has no {question} placeholder"))
+    return out
+
+
+def read_dataset(uri: str, s3: Minio) -> tuple[bytes, str]:
+    """The dataset's bytes and file name, from s3://bucket/key or a local path."""
+    if uri.startswith("s3://"):
+        bucket, key = storage.parse_s3_uri(uri)
+        return storage.get_bytes(s3, bucket, key), os.path.basename(key)
+    return Path(uri).read_bytes(), os.path.basename(uri)
+
+
+def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
+    chunks = [items[i : i + job.shard_size] for i in range(0, len(items), job.shard_size)]
+    return [
+        Shard(run_id=run_id, shard_id=keys.shard_id(run_id, i), shard_index=i, shard_count=len(chunks),
+              model=job.model, grader=job.grader, generation=job.generation, items=chunk,
+              prompt_template=job.prompt_template, system_prompt=job.system_prompt, retry=job.retry,
+              worker_group=job.worker_group, sla_fallback=job.sla_fallback)
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+class Intake:
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, s3: Minio) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.s3 = s3
+
+    async def handle(self, job: JobSpec, run_id: str, publish: Publish) -> str:
+        """Processes one job; returns the run's resulting status."""
+        row = await self.pool.fetchrow("SELECT status FROM runs WHERE run_id = $1", run_id)
+        if row is not None and row["status"] in ("running", "completed", "rejected"):
+            log.info("run %s already %s; job redelivered, nothing to do", run_id, row["status"])
+            return str(row["status"])
+        await self.pool.execute(
+            "INSERT INTO runs (run_id, name, status, model, grader, spec, dataset_uri)"
+            " VALUES ($1, $2, 'validating', $3, $4, $5, $6) ON CONFLICT (run_id) DO NOTHING",
+            run_id, job.name, job.model, job.grader, encode(job).decode(), job.dataset,
+        )
+        loaded_or_rejection = await self._validate(job)
+        if isinstance(loaded_or_rejection, Rejection):
+            await self.pool.execute(
+                "UPDATE runs SET status = 'rejected', problems = $2, updated_at = now() WHERE run_id = $1",
+                run_id, loaded_or_rejection.as_json(),
+            )
+            log.info("run %s rejected: %d problem(s)", run_id, len(loaded_or_rejection.problems))
+            return "rejected"
+        loaded = loaded_or_rejection
+        shards = make_shards(run_id, job, loaded.items)
+        stored_uri = await asyncio.to_thread(self._store_dataset, loaded, job.dataset)
+        manifest = build_manifest(job, dataset_uri=stored_uri, dataset_sha256=loaded.sha256,
+                                  content_sha256=loaded.content_sha256, dataset_format=loaded.format,
+                                  total=len(loaded.items), shard_count=len(shards))
+        digest = manifest_sha256(manifest)
+        await asyncio.to_thread(self._store_manifest, run_id, manifest)
+        await self.pool.execute(
+            "UPDATE runs SET manifest = $2, manifest_sha256 = $3, dataset_sha256 = $4, total = $5,"
+            " shard_count = $6, updated_at = now() WHERE run_id = $1",
+            run_id, json.dumps(manifest), digest, loaded.content_sha256, len(loaded.items), len(shards),
+        )
+        # Every shard is acknowledged by the broker before the run counts as published.
+        await asyncio.gather(*(publish(encode(s), run_id) for s in shards))
+        await self.pool.execute(
+            "UPDATE runs SET status = 'running', published_at = now(), updated_at = now()"
+            " WHERE run_id = $1 AND status = 'validating'", run_id,
+        )
+        log.info("run %s: %d items in %d shards published", run_id, len(loaded.items), len(shards))
+        return "running"
+
+    async def _validate(self, job: JobSpec) -> LoadedDataset | Rejection:
+        problems = job_problems(job)
+        try:
+            data, filename = await asyncio.to_thread(read_dataset, job.dataset, self.s3)
+        except (OSError, ValueError, storage.S3Error) as exc:
+            return Rejection([*problems, Problem(line=None, field="dataset",
+                                                 message=f"cannot read dataset {job.dataset!r}: {exc}")])
+        try:
+            loaded = await asyncio.to_thread(load_dataset, data, filename)
+        except DatasetError as exc:
+            return Rejection([*problems, *exc.problems])
+        return Rejection(problems) if problems else loaded
+
+    def _store_dataset(self, loaded: LoadedDataset, uri: str) -> str:
+        """Content-addressed copy: identical content is stored (and versioned) once."""
+        name = f"datasets/{loaded.content_sha256}/items.jsonl"
+        body = b"".join(encode(i) + b"\n" for i in loaded.items)
+        storage.put_bytes(self.s3, self.settings.s3_bucket_datasets, name, body, "application/x-ndjson")
+        return f"s3://{self.settings.s3_bucket_datasets}/{name}"
+
+    def _store_manifest(self, run_id: str, manifest: dict[str, object]) -> None:
+        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        storage.put_bytes(self.s3, self.settings.s3_bucket_results, f"runs/{run_id}/manifest.json", body,
+                          "application/json")

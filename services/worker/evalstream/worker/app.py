@@ -1,0 +1,237 @@
+"""The worker service: eval.work.<group> -> engine -> eval.results (+ eval.retry, eval.dlq).
+
+The lifecycle lives here (consume, publish, heartbeat); the model work lives in
+runner.ModelRunner. Shards arrive in small batches (up to WORKER_MAX_SHARDS, waiting at
+most BATCH_MAX_WAIT_MS), so that items of several shards share engine batches. Offsets
+are committed only after every result, retry and dead letter of the batch is on the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+from faststream import AckPolicy
+from faststream.kafka.annotations import KafkaMessage
+
+from evalstream.common import db, service, topics
+from evalstream.common.messages import Heartbeat, Shard, ShardResult, decode, encode
+from evalstream.common.metrics import (
+    CPU_UTILIZATION,
+    GPU_MEMORY_FREE,
+    GPU_MEMORY_USED,
+    GPU_POWER,
+    GPU_TEMPERATURE,
+    GPU_UTILIZATION,
+    ITEMS,
+    SHARDS,
+    STAGE_LATENCY,
+)
+from evalstream.common.settings import Settings
+from evalstream.common.specs import serves
+from evalstream.worker.cache import AnswerCache
+from evalstream.worker.engines import load_engine
+from evalstream.worker.engines.base import Engine, PermanentEngineError
+from evalstream.worker.engines.chaos import ChaosEngine
+from evalstream.worker.gpu import sample_device_metrics
+from evalstream.worker.runner import Failure, ModelRunner, Outcome, RunnerConfig
+
+log = logging.getLogger("evalstream.worker")
+settings = Settings.from_env()
+worker_id = settings.resolved_worker_id
+broker = service.make_broker(settings, f"worker-{settings.worker_group}", graceful_timeout=120.0)
+MAX_SHARDS = int(os.environ.get("WORKER_MAX_SHARDS", "16"))
+ENGINE_FAULTS = os.environ.get("ENGINE_FAULTS", "")
+ADVERTISED = os.environ.get("WORKER_ADVERTISE_MODEL", settings.worker_model)
+
+
+class Engines:
+    """The engines of the SPECs this group serves, loaded on first use and kept."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, Engine] = {}
+
+    def __call__(self, spec: str) -> Engine:
+        engine = self._loaded.get(spec)
+        if engine is None:
+            if not serves(settings.worker_model, spec):
+                raise PermanentEngineError(f"group {settings.worker_group} does not serve model {spec!r}")
+            engine = load_engine(spec, settings)
+            if ENGINE_FAULTS:
+                engine = ChaosEngine(engine, ENGINE_FAULTS)
+            self._loaded[spec] = engine
+        return engine
+
+    def close(self) -> None:
+        for e in self._loaded.values():
+            e.close()
+
+    @property
+    def device(self) -> str:
+        return next((e.device for e in self._loaded.values() if e.device != "cpu"), "cpu")
+
+
+engines = Engines()
+state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
+
+
+@broker.subscriber(
+    topics.work_topic(settings.worker_group),
+    group_id=topics.worker_consumer_group(settings.worker_group),
+    batch=True,
+    max_records=MAX_SHARDS,
+    batch_timeout_ms=settings.batch_max_wait_ms,
+    auto_offset_reset="earliest",
+    ack_policy=AckPolicy.NACK_ON_ERROR,
+    # A batch on a slow device can take minutes: don't let the group evict us for it (the
+    # model work runs in a thread, so heartbeats keep flowing). A stopped or dead process
+    # is still noticed within the session timeout.
+    max_poll_interval_ms=60 * 60 * 1000,
+    session_timeout_ms=30_000,
+    heartbeat_interval_ms=3_000,
+    max_partition_fetch_bytes=8 * 1024 * 1024,
+)
+async def on_shards(msg: KafkaMessage) -> None:
+    records = msg.raw_message
+    shards: list[Shard] = []
+    for record in records:  # type: ignore[union-attr]
+        try:
+            shards.append(decode(record.value or b"", Shard))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await service.dead_letter(broker, record.value or b"", service.dead_letter_headers(record, exc),
+                                      key=record.key)
+            SHARDS.labels(service="worker", outcome="undecodable").inc()
+    if not shards:
+        return
+    state["in_flight"] = len(shards)
+    started = time.monotonic()
+    try:
+        outcome = await state["runner"].run(shards)
+        await publish_outcome(shards, outcome)
+    finally:
+        state["in_flight"] = 0
+    STAGE_LATENCY.labels(stage="worker_batch").observe(time.monotonic() - started)
+
+
+async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
+    """Results, retries and dead letters, all acknowledged by the broker before we return
+    (and so before the offsets are committed)."""
+    sends = []
+    for shard in shards:
+        results = outcome.results.get(shard.shard_id, [])
+        if results or not any(f.shard.shard_id == shard.shard_id for f in outcome.failures):
+            payload = ShardResult(run_id=shard.run_id, shard_id=shard.shard_id, worker_id=worker_id,
+                                  group=settings.worker_group, results=results)
+            sends.append(broker.publish(encode(payload), topics.RESULTS, key=shard.run_id.encode()))
+        ITEMS.labels(service="worker", status="succeeded").inc(len(results))
+        ITEMS.labels(service="worker", status="cache_hit").inc(sum(r.cache_hit for r in results))
+        SHARDS.labels(service="worker", outcome="done").inc()
+    retry: dict[str, list[Failure]] = {}
+    for f in outcome.failures:
+        if f.transient and f.shard.attempt < f.shard.retry.max_attempts:
+            retry.setdefault(f.shard.shard_id, []).append(f)
+        else:
+            sends.append(dead_letter_item(f))
+    for failures in retry.values():
+        shard = failures[0].shard
+        again = msgspec.structs.replace(
+            shard, items=[f.item for f in failures], attempt=shard.attempt + 1,
+            not_before=time.time() + shard.retry.delay_after(shard.attempt),
+        )
+        sends.append(broker.publish(encode(again), topics.RETRY, key=shard.run_id.encode()))
+        ITEMS.labels(service="worker", status="retried").inc(len(failures))
+    await asyncio.gather(*sends)
+
+
+async def dead_letter_item(f: Failure) -> None:
+    one = msgspec.structs.replace(f.shard, items=[f.item])
+    headers = service.dead_letter_headers(None, f.error, attempts=f.shard.attempt, run_id=f.shard.run_id,
+                                          item_id=f.item.id, original_topic=topics.work_topic(settings.worker_group))
+    await service.dead_letter(broker, encode(one), headers, key=f.shard.run_id.encode(), reason="failed")
+    ITEMS.labels(service="worker", status="dead_lettered").inc()
+
+
+async def heartbeat(status: str) -> None:
+    runner: ModelRunner | None = state.get("runner")
+    m = await asyncio.to_thread(sample_device_metrics)
+    p50, p95, tps, err = runner.take_stats() if runner else (0.0, 0.0, 0.0, 0.0)
+    hb = Heartbeat(
+        worker_id=worker_id, group=settings.worker_group, model=ADVERTISED, ts=time.time(), device=m.device,
+        gpu_utilization=m.gpu_utilization, gpu_memory_used_bytes=m.memory_used_bytes,
+        gpu_memory_free_bytes=m.memory_free_bytes, gpu_temperature_c=m.temperature_c, gpu_power_w=m.power_w,
+        cpu_utilization=m.cpu_utilization, queue_depth=state["in_flight"], latency_p50_ms=p50, latency_p95_ms=p95,
+        tokens_per_s=tps, error_rate=err, status=status,  # type: ignore[arg-type]
+    )
+    if m.gpu_utilization is not None:
+        GPU_UTILIZATION.labels(device=m.device).set(m.gpu_utilization)
+        GPU_MEMORY_USED.labels(device=m.device).set(m.memory_used_bytes or 0)
+        GPU_MEMORY_FREE.labels(device=m.device).set(m.memory_free_bytes or 0)
+        if m.temperature_c is not None:
+            GPU_TEMPERATURE.labels(device=m.device).set(m.temperature_c)
+        if m.power_w is not None:
+            GPU_POWER.labels(device=m.device).set(m.power_w)
+    if m.cpu_utilization is not None:
+        CPU_UTILIZATION.set(m.cpu_utilization)
+    await broker.publish(encode(hb), topics.HEARTBEATS, key=worker_id.encode())
+
+
+async def heartbeat_loop() -> None:
+    while True:
+        try:
+            await heartbeat("ready")
+        except Exception:
+            log.exception("heartbeat failed")
+        await asyncio.sleep(settings.heartbeat_interval_s)
+
+
+@asynccontextmanager
+async def lifespan() -> AsyncIterator[None]:
+    # Load the group's main model before consuming, so the first shard doesn't wait for it.
+    first = next((s.strip() for s in settings.worker_model.split(",") if "*" not in s and s.strip()), None)
+    if first:
+        t0 = time.monotonic()
+        await asyncio.to_thread(engines, first)
+        log.info("engine %s loaded in %.1fs on %s", first, time.monotonic() - t0, engines.device)
+    pool = await db.create_pool(settings.database_url)
+    state["runner"] = ModelRunner(
+        RunnerConfig(group=settings.worker_group, token_budget=settings.batch_token_budget,
+                     max_items=settings.batch_max_items),
+        engines, AnswerCache(pool),
+    )
+    state["ready"] = True
+    try:
+        yield
+    finally:
+        await pool.close()
+        engines.close()
+
+
+async def start_heartbeats() -> None:
+    state["beat"] = asyncio.create_task(heartbeat_loop())
+
+
+async def stop_heartbeats() -> None:
+    """Before the broker disconnects: tell the router we are gone, so it stops routing here."""
+    state["status"] = "draining"
+    beat: asyncio.Task[None] | None = state.get("beat")
+    if beat:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+    with contextlib.suppress(Exception):
+        await heartbeat("stopped")
+
+
+async def model_loaded() -> bool:
+    return bool(state["ready"])
+
+
+app = service.make_app(broker, lifespan=lifespan, ready_checks=[model_loaded],
+                       after_startup=[start_heartbeats], on_shutdown=[stop_heartbeats])

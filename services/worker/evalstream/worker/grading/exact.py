@@ -1,0 +1,66 @@
+"""Exact match after normalisation, for short free-text answers ("Paris", "George Washington").
+
+The answer read from a response is its last non-empty line (short answers come alone, or
+last after some working), normalised: case-folded, whitespace collapsed, a leading "the
+answer is" / "answer:" dropped, surrounding quotes, markdown emphasis and trailing
+punctuation stripped. It is correct when it equals the normalised gold answer.
+
+One deliberate leniency: a single-word gold answer also counts when it appears as a whole
+word in the response's first sentence, so that "The capital of France is Paris." is right
+for "Paris" ("Parisian" is not). This accepts what instruction-tuned models naturally say,
+at a known cost: "Paris is wrong; it is Lyon." would count for "Paris" too. Multi-word
+answers get no such leniency: phrase matching inside sentences is too easy to fool.
+"""
+
+from __future__ import annotations
+
+import re
+
+from evalstream.common.messages import Item
+from evalstream.worker.grading.base import Grade, Grader, require
+from evalstream.worker.grading.clean import clean_response
+
+GRADER_VERSION = "1"
+
+_ANSWER_PREFIX = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)\s*:?\s*")
+_WRAPPERS = " \"'`*"  # quotes and markdown emphasis around an answer
+_TRAILING = ".!?,;:"
+_FIRST_SENTENCE_END = re.compile(r"(?<=[.!?])\s|\n")
+
+
+def normalize(text: str) -> str:
+    text = " ".join(text.split()).casefold().lstrip(_WRAPPERS)
+    text = _ANSWER_PREFIX.sub("", text)
+    return text.strip(_WRAPPERS).rstrip(_WRAPPERS + _TRAILING)
+
+
+def problem(item: Item) -> str | None:
+    if item.answer is None or not normalize(item.answer):
+        return f"item {item.id}: no gold answer to compare with"
+    return None
+
+
+def contains_word(text: str, word: str) -> bool:
+    """`word` in `text` (both normalised) as a whole word: not inside a longer word, and a
+    number not followed by its decimals ("42" is not in "42.5")."""
+    return re.search(rf"(?<!\w){re.escape(word)}(?!\w|[.,]\d)", text) is not None
+
+
+def exact() -> Grader:
+    def grade(response: str, item: Item) -> Grade:
+        require(problem(item))
+        gold = normalize(item.answer or "")
+        text = clean_response(response)
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            return Grade(extracted=None, correct=False, score=0.0, detail="empty response")
+        extracted = normalize(lines[-1])
+        if extracted == gold:
+            return Grade(extracted=extracted, correct=True, score=1.0)
+        first_sentence = normalize(_FIRST_SENTENCE_END.split(text, maxsplit=1)[0])
+        if " " not in gold and contains_word(first_sentence, gold):
+            detail = "gold answer found as a whole word in the first sentence"
+            return Grade(extracted=extracted, correct=True, score=1.0, detail=detail)
+        return Grade(extracted=extracted, correct=False, score=0.0, detail=f"expected {gold!r}")
+
+    return grade

@@ -1,0 +1,79 @@
+"""Multiple choice: which lettered choice (A, B, ...) a response picks.
+
+The gold answer is a letter ("B", "(b)"), the text of a choice, or a 0-based index ("1", as
+in MMLU/HellaSwag exports) when no choice has that text. From the response, in this order:
+a lone letter ("B", "(B)", "b."); the last "answer/option/choice (is|:) B"; a leading
+"B) ...", "(B) ...", "B. ..."; the text of exactly one choice (all of it, or as a phrase
+inside the response). Letters inside prose count only in capitals, and only those of the
+item's choices, so that "a" or "I" in a sentence is never read as a choice.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+
+from evalstream.common.messages import Item
+from evalstream.worker.grading.base import Grade, Grader, require
+from evalstream.worker.grading.clean import clean_response
+from evalstream.worker.grading.exact import contains_word, normalize
+
+GRADER_VERSION = "1"
+LETTERS = string.ascii_uppercase
+
+_LONE_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\]]?[.:]?")
+
+
+def gold_letter(item: Item) -> str | None:
+    choices = item.choices or []
+    gold = (item.answer or "").strip()
+    if m := _LONE_LETTER.fullmatch(gold):
+        index = LETTERS.index(m[1].upper())
+        return LETTERS[index] if index < len(choices) else None
+    by_text = [LETTERS[i] for i, choice in enumerate(choices) if normalize(choice) == normalize(gold)]
+    if by_text:
+        return by_text[0]
+    if gold.isdigit() and int(gold) < len(choices):
+        return LETTERS[int(gold)]
+    return None
+
+
+def problem(item: Item) -> str | None:
+    if not item.choices or len(item.choices) > len(LETTERS):
+        return f"item {item.id}: multiple choice needs 1..{len(LETTERS)} choices"
+    if gold_letter(item) is None:
+        return f"item {item.id}: gold answer {item.answer!r} is none of the {len(item.choices)} choices"
+    return None
+
+
+def extract_letter(text: str, choices: list[str]) -> str | None:
+    letters = LETTERS[: len(choices)]
+    if m := _LONE_LETTER.fullmatch(text):
+        return m[1].upper() if m[1].upper() in letters else None
+    letter = f"([{letters}])(?![\\w'])"  # a capital standing alone: not "As", not "A's"
+    marked = re.findall(rf"(?i:answer|option|choice)\s*(?:is\b|:)?\s*[:\-]?\s*[(\[*]*{letter}", text)
+    if marked:
+        return str(marked[-1])
+    if m := re.match(rf"[(\[]?{letter}[)\].:]", text):
+        return m[1]
+    said = normalize(text)
+    texts = [normalize(choice) for choice in choices]
+    if said in texts:
+        return letters[texts.index(said)]
+    inside = [letters[i] for i, t in enumerate(texts) if t and contains_word(said, t)]
+    return inside[0] if len(inside) == 1 else None
+
+
+def multiple_choice() -> Grader:
+    def grade(response: str, item: Item) -> Grade:
+        require(problem(item))
+        gold = gold_letter(item)
+        extracted = extract_letter(clean_response(response), item.choices or [])
+        if extracted is None:
+            return Grade(extracted=None, correct=False, score=0.0, detail="no choice found in the response")
+        correct = extracted == gold
+        return Grade(
+            extracted=extracted, correct=correct, score=float(correct), detail=None if correct else f"expected {gold}"
+        )
+
+    return grade

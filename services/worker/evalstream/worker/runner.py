@@ -1,0 +1,187 @@
+"""The model runner: shards in, per-item outcomes out. Knows nothing of Kafka.
+
+For a set of shards it renders every prompt, serves what it can from the answer cache,
+plans length-sorted batches of the misses under the token budget, runs the engine off the
+event loop, and grades the answers. Items whose engine call failed come back as transient
+(to retry) or permanent (to dead-letter) failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from evalstream.common.keys import cache_key
+from evalstream.common.messages import Item, ItemResult, Shard
+from evalstream.common.metrics import BATCH_SIZE, ENGINE_BUSY, PADDING_RATIO, STAGE_LATENCY, TOKENS
+from evalstream.worker.batching import padding_ratio, plan_batches
+from evalstream.worker.cache import AnswerCache, CachedAnswer
+from evalstream.worker.engines.base import Engine, EngineError, GenRequest
+from evalstream.worker.grading import get_grader, resolve_grader
+from evalstream.worker.grading.clean import clean_response
+from evalstream.worker.prompting import build_messages
+
+
+@dataclass
+class Failure:
+    shard: Shard
+    item: Item
+    error: str
+    transient: bool
+
+
+@dataclass
+class Outcome:
+    """What became of one set of shards."""
+
+    results: dict[str, list[ItemResult]] = field(default_factory=dict)  # shard_id -> graded items
+    failures: list[Failure] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    shard: Shard
+    item: Item
+    grader: str
+    engine: Engine
+    request: GenRequest
+    prompt: str
+    prompt_tokens: int
+    key: str | None  # None: not cacheable (sampled generation)
+
+
+@dataclass
+class RunnerConfig:
+    group: str
+    token_budget: int = 2048
+    max_items: int = 64
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig, engine_for: Callable[[str], Engine], cache: AnswerCache | None) -> None:
+        self.config = config
+        self.engine_for = engine_for
+        self.cache = cache
+        self.busy_s = 0.0
+        self._since = time.monotonic()
+        self.recent_latency_ms: list[float] = []
+        self.recent_tokens = 0
+        self.recent_errors = 0
+        self.recent_items = 0
+
+    async def run(self, shards: list[Shard]) -> Outcome:
+        outcome = Outcome(results={s.shard_id: [] for s in shards})
+        pending = await asyncio.to_thread(self._prepare, shards, outcome)
+        hits = await self.cache.get_many([p.key for p in pending if p.key]) if self.cache else {}
+        misses = [p for p in pending if p.key not in hits]
+        answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]] = [
+            (p, hits[p.key], 0.0, True, False) for p in pending if p.key in hits
+        ]
+        by_engine: dict[int, list[_Pending]] = {}
+        for p in misses:
+            by_engine.setdefault(id(p.engine), []).append(p)
+        fresh: list[tuple[str, str, CachedAnswer]] = []
+        for group in by_engine.values():
+            engine = group[0].engine
+            max_new = max(p.request.params.max_tokens for p in group)
+            plan = plan_batches([p.prompt_tokens for p in group], token_budget=self.config.token_budget,
+                                max_items=self.config.max_items, max_new_tokens=max_new)
+            for batch_idx in plan:
+                batch = [group[i] for i in batch_idx]
+                BATCH_SIZE.observe(len(batch))
+                PADDING_RATIO.observe(padding_ratio([p.prompt_tokens for p in batch]))
+                started = time.monotonic()
+                outputs = await asyncio.to_thread(engine.generate, [p.request for p in batch])
+                elapsed = time.monotonic() - started
+                self.busy_s += elapsed
+                STAGE_LATENCY.labels(stage="engine").observe(elapsed)
+                for p, out in zip(batch, outputs, strict=True):
+                    if isinstance(out, EngineError):
+                        outcome.failures.append(Failure(p.shard, p.item, f"{type(out).__name__}: {out}",
+                                                        out.transient))
+                        self.recent_errors += 1
+                        continue
+                    answer = CachedAnswer(out.text, out.prompt_tokens or p.prompt_tokens, out.completion_tokens)
+                    answered.append((p, answer, out.latency_ms or elapsed * 1000, False, out.truncated))
+                    TOKENS.labels(direction="in").inc(answer.prompt_tokens)
+                    TOKENS.labels(direction="out").inc(answer.completion_tokens)
+                    self.recent_tokens += answer.completion_tokens
+                    if p.key:
+                        fresh.append((p.key, engine.name, answer))
+        if self.cache:
+            await self.cache.put_many(fresh)
+        started = time.monotonic()
+        graded = await asyncio.to_thread(self._grade_all, answered)
+        STAGE_LATENCY.labels(stage="grading").observe(time.monotonic() - started)
+        for result in graded:
+            outcome.results[result.shard_id].append(result)
+            self.recent_latency_ms.append(result.latency_ms)
+        self.recent_items += len(graded)
+        self.recent_latency_ms = self.recent_latency_ms[-2000:]
+        self._update_busy()
+        return outcome
+
+    def _prepare(self, shards: list[Shard], outcome: Outcome) -> list[_Pending]:
+        pending = []
+        for shard in shards:
+            for item in shard.items:
+                try:
+                    engine = self.engine_for(shard.model)
+                    grader = resolve_grader(shard.grader, item)
+                    messages = build_messages(shard, item, grader)
+                    prompt = engine.render_prompt(messages)
+                    n_tokens = engine.count_tokens(prompt)
+                except EngineError as exc:
+                    outcome.failures.append(Failure(shard, item, f"{type(exc).__name__}: {exc}", exc.transient))
+                    continue
+                except Exception as exc:  # a bad item must not sink its shard
+                    outcome.failures.append(Failure(shard, item, f"{type(exc).__name__}: {exc}", False))
+                    continue
+                gen = shard.generation
+                key = None
+                if gen.temperature == 0.0:
+                    key = cache_key(model=shard.model, model_revision=engine.revision,
+                                    generation=msgspec.to_builtins(gen), prompt=prompt)
+                request = GenRequest(item_id=item.id, messages=messages, params=gen, attempt=shard.attempt)
+                pending.append(_Pending(shard, item, grader, engine, request, prompt, n_tokens, key))
+        return pending
+
+    def _grade_all(self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]) -> list[ItemResult]:
+        results = []
+        for p, answer, latency_ms, cache_hit, truncated in answered:
+            response = clean_response(answer.response)
+            grade = get_grader(p.grader, p.item)(response, p.item)
+            results.append(ItemResult(
+                run_id=p.shard.run_id, item_id=p.item.id, shard_id=p.shard.shard_id, response=answer.response,
+                extracted=grade.extracted, correct=grade.correct, score=grade.score, attempts=p.shard.attempt,
+                cache_hit=cache_hit, latency_ms=latency_ms, served_by=f"{self.config.group}/{p.engine.name}",
+                prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
+                truncated=truncated, category=p.item.category,
+            ))
+        return results
+
+    def _update_busy(self) -> None:
+        now = time.monotonic()
+        window = now - self._since
+        if window >= 5.0:
+            ENGINE_BUSY.set(min(1.0, self.busy_s / window))
+            self.busy_s, self._since = 0.0, now
+
+    def take_stats(self) -> tuple[float, float, float, float]:
+        """(p50 ms, p95 ms, tokens/s, error rate) since the last call, for heartbeats."""
+        lat = sorted(self.recent_latency_ms)
+        p50 = lat[len(lat) // 2] if lat else 0.0
+        p95 = lat[min(len(lat) - 1, int(len(lat) * 0.95))] if lat else 0.0
+        elapsed = max(1e-6, time.monotonic() - getattr(self, "_stats_since", self._since))
+        self._stats_since = time.monotonic()
+        tps = self.recent_tokens / elapsed
+        total = self.recent_items + self.recent_errors
+        err = self.recent_errors / total if total else 0.0
+        self.recent_tokens = self.recent_errors = self.recent_items = 0
+        return p50, p95, tps, err
+
+
