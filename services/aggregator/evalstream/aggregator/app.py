@@ -24,7 +24,7 @@ from evalstream.common.messages import ItemResult, Shard, ShardResult, decode
 from evalstream.common.metrics import ITEMS, RUN_PROGRESS, RUNS
 from evalstream.common.settings import Settings
 from evalstream.aggregator import objects
-from evalstream.aggregator.reports import summarise
+from evalstream.common.reports import summarise
 from evalstream.aggregator.store import DeadLetterRecord, ResultStore
 
 log = logging.getLogger("evalstream.aggregator")

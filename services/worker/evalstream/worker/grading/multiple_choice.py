@@ -2,10 +2,10 @@
 
 The gold answer is a letter ("B", "(b)"), the text of a choice, or a 0-based index ("1", as
 in MMLU/HellaSwag exports) when no choice has that text. From the response, in this order:
-a lone letter ("B", "(B)", "b."); the last "answer/option/choice (is|:) B"; a leading
-"B) ...", "(B) ...", "B. ..."; the text of exactly one choice (all of it, or as a phrase
-inside the response). Letters inside prose count only in capitals, and only those of the
-item's choices, so that "a" or "I" in a sentence is never read as a choice.
+a lone letter ("B", "(B)", "b."); the last "answer (is|:) B", else the last "option/choice B";
+a leading "B) ...", "(B) ...", "B. ..."; the text of exactly one choice (all of it, or as a
+phrase inside the response). Letters inside prose count only in capitals, and only those of
+the item's choices, so that "a" or "I" in a sentence is never read as a choice.
 """
 
 from __future__ import annotations
@@ -51,9 +51,10 @@ def extract_letter(text: str, choices: list[str]) -> str | None:
     if m := _LONE_LETTER.fullmatch(text):
         return m[1].upper() if m[1].upper() in letters else None
     letter = f"([{letters}])(?![\\w'])"  # a capital standing alone: not "As", not "A's"
-    marked = re.findall(rf"(?i:answer|option|choice)\s*(?:is\b|:)?\s*[:\-]?\s*[(\[*]*{letter}", text)
-    if marked:
-        return str(marked[-1])
+    for marker in ("answer", "option|choice"):  # "the answer is C, not option A" means C
+        marked = re.findall(rf"(?i:{marker})\s*(?:is\b|:)?\s*[:\-]?\s*[(\[*]*{letter}", text)
+        if marked:
+            return str(marked[-1])
     if m := re.match(rf"[(\[]?{letter}[)\].:]", text):
         return m[1]
     said = normalize(text)
@@ -72,8 +73,7 @@ def multiple_choice() -> Grader:
         if extracted is None:
             return Grade(extracted=None, correct=False, score=0.0, detail="no choice found in the response")
         correct = extracted == gold
-        return Grade(
-            extracted=extracted, correct=correct, score=float(correct), detail=None if correct else f"expected {gold}"
-        )
+        detail = None if correct else f"expected {gold}"
+        return Grade(extracted=extracted, correct=correct, score=float(correct), detail=detail)
 
     return grade

@@ -1,0 +1,59 @@
+# evalstream: `make demo` runs the main job, `make test` runs the tests.
+# Everything runs as local processes (no Docker needed); data, pid files and logs live in
+# $(STACK) (default .stack/), installs are cached in ~/.cache/evalstream.
+SHELL := /bin/bash
+PY := .venv/bin/python
+WORKERS ?= 1
+STACK ?= $(CURDIR)/.stack
+export EVALSTREAM_STACK := $(STACK)
+
+.PHONY: venv up up-infra down ps clean demo test test-unit test-faults bench lint lock help
+
+help:
+	@echo "make demo        stack up + the bundled sample set through the default model, report printed"
+	@echo "make test        stack up (installing on first use) + the test suite"
+	@echo "make test-faults the fault-injection scenarios (long)"
+	@echo "make bench       benchmarks, JSON into bench/results/"
+	@echo "make up|down|ps|clean   the local stack (WORKERS=n make up for n workers); folder: $(STACK)"
+	@echo "make lint        ruff + mypy"
+
+# The virtual environment lives in a cache keyed by requirements.lock; .venv links to it.
+venv:
+	@bash ops/local/venv.sh >/dev/null
+
+up: venv
+	@$(PY) ops/local/stack.py up --workers $(WORKERS)
+
+up-infra: venv
+	@$(PY) ops/local/stack.py up --infra-only
+
+down:
+	@python3 ops/local/stack.py down
+
+ps:
+	@python3 ops/local/stack.py ps
+
+clean:
+	@python3 ops/local/stack.py clean
+
+demo: up
+	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo.jsonl --name demo --wait
+	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo_code.jsonl --name demo-code --max-tokens 200 --wait
+
+test: up
+	@$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
+
+test-unit: venv
+	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-faults: up
+	@$(PY) -m pytest -m faults $(PYTEST_ARGS)
+
+bench: up
+	@$(PY) bench/run_all.py
+
+lint: venv
+	@.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy
+
+lock:
+	@uv pip compile requirements.in -o requirements.lock --python-version 3.11 -q

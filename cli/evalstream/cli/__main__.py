@@ -1,0 +1,3 @@
+from evalstream.cli.main import main
+
+main()

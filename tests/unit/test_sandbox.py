@@ -1,0 +1,125 @@
+import os
+import shutil
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from evalstream.worker.sandbox import Limits, SandboxUnavailable, run_program
+
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)"
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sandbox_processes(marker: int) -> int:
+    """Processes whose command line carries `marker` (passed as the memory limit)."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            count += str(marker).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            pass
+    return count
+
+
+@needs_bwrap
+class TestSandbox:
+    def test_passing_program_passes(self) -> None:
+        result = run_program("assert sorted([3, 1, 2]) == [1, 2, 3]\nprint('ok')")
+        assert (result.passed, result.timed_out, result.exit_code) == (True, False, 0)
+        assert result.stdout_tail == "ok\n"
+
+    def test_failing_program_reports_the_assertion(self) -> None:
+        result = run_program("def check(x):\n    assert x == 2, 'x should be 2'\n\ncheck(1)\n")
+        assert (result.passed, result.exit_code) == (False, 1)
+        assert 'File "<candidate>", line 2, in check' in result.stderr_tail
+        assert result.stderr_tail.rstrip().endswith("AssertionError: x should be 2")
+
+    @pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)"])
+    def test_exiting_early_is_not_passing(self, exit_call: str) -> None:
+        assert not run_program(f"{exit_call}\nassert False").passed
+
+    def test_infinite_loop_times_out_and_leaves_nothing_behind(self) -> None:
+        marker = (1 << 30) + int(uuid.uuid4().int % 100_000)
+        started = time.monotonic()
+        result = run_program("while True:\n    pass", Limits(timeout_s=1.0, memory_bytes=marker))
+        elapsed = time.monotonic() - started
+        assert (result.passed, result.timed_out) == (False, True)
+        assert 1.0 <= elapsed < 3.0
+        time.sleep(0.2)
+        assert sandbox_processes(marker) == 0
+
+    @pytest.mark.parametrize("folder", [REPO, Path("/root")])
+    def test_cannot_write_outside_tmp(self, folder: Path) -> None:
+        target = folder / f".sandbox-probe-{uuid.uuid4().hex}"
+        try:
+            result = run_program(f"open({str(target)!r}, 'w').write('escaped')")
+            assert not result.passed
+            assert "Read-only file system" in result.stderr_tail or "Permission denied" in result.stderr_tail
+            assert not target.exists()
+        finally:
+            target.unlink(missing_ok=True)
+
+    def test_tmp_is_private_and_writable(self) -> None:
+        name = f"/tmp/sandbox-probe-{uuid.uuid4().hex}"
+        assert run_program(f"open({name!r}, 'w').write('x')\nassert open({name!r}).read() == 'x'").passed
+        assert not Path(name).exists()
+
+    def test_no_network(self) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            port = server.getsockname()[1]
+            for host in ("127.0.0.1", "10.255.255.1"):  # the host's listening port; anything routed
+                result = run_program(
+                    f"import socket\nsocket.create_connection(({host!r}, {port}), timeout=3)"
+                )
+                assert not result.passed
+                assert (
+                    "ConnectionRefusedError" in result.stderr_tail
+                    or "Network is unreachable" in result.stderr_tail
+                )
+            server.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                server.accept()  # nobody reached the host's port
+
+    @pytest.mark.parametrize(
+        "program",
+        ["import os\nwhile True:\n    os.fork()", "import subprocess\nsubprocess.run(['true'])"],
+    )
+    def test_no_new_processes(self, program: str) -> None:
+        result = run_program(program, Limits(timeout_s=5.0))
+        assert (result.passed, result.timed_out) == (False, False)
+        assert "PermissionError" in result.stderr_tail
+        assert result.duration_s < 3.0
+
+    def test_threads_still_work(self) -> None:
+        program = "import threading\nout = []\nt = threading.Thread(target=out.append, args=(1,))\n"
+        program += "t.start(); t.join()\nassert out == [1]"
+        assert run_program(program).passed
+
+    def test_memory_is_capped(self) -> None:
+        result = run_program("block = bytearray(2 << 30)", Limits(memory_bytes=512 << 20))
+        assert not result.passed and result.stderr_tail.rstrip().endswith("MemoryError")
+
+    def test_output_flood_is_cut_off(self) -> None:
+        result = run_program(
+            "while True:\n    print('x' * 1000)", Limits(timeout_s=5.0, max_output_bytes=100_000)
+        )
+        assert (result.passed, result.output_exceeded, result.timed_out) == (False, True, False)
+        assert len(result.stdout_tail) <= 4096
+
+    def test_concurrent_runs_do_not_mix(self) -> None:
+        programs = [f"assert {i} % 2 == 0" for i in range(16)]
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(run_program, programs))
+        assert [r.passed for r in results] == [i % 2 == 0 for i in range(16)]
+
+
+def test_missing_bubblewrap_is_an_error_not_a_fallback() -> None:
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        run_program("pass", bwrap="/nonexistent/bwrap")
