@@ -19,7 +19,7 @@ from evalstream.common import topics
 from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, Shard, decode, encode
 from evalstream.common.settings import Settings
-from evalstream.worker.engines.chaos import ChaosEngine
+from evalstream.worker.engines.chaos import FaultPlan
 from tests.support import STACK, read_topic_since, topic_end_offsets, unique, wait_until
 from tests.e2e.helpers import (
     ROOT,
@@ -157,7 +157,7 @@ async def test_transient_failures_retry_and_permanent_ones_dead_letter(
         return await run_status(pg, run_id) == "completed"
 
     await wait_until(completed, 120, what="the chaos run to complete")
-    plan = ChaosEngine.plan(faults)
+    plan = FaultPlan.parse(faults).planned_failure
     expected_failed, expected_attempts = set(), {}
     for it in items:
         for attempt in range(1, 4):

@@ -3,7 +3,6 @@ import shutil
 import pytest
 
 from evalstream.common.messages import Item
-from evalstream.worker import sandbox
 from evalstream.worker.grading import (
     GRADER_NAMES,
     GRADERS,
@@ -183,7 +182,7 @@ class TestCodeExec:
 
 class TestCodeExecWithoutSandbox:
     def test_never_runs_unsandboxed(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+        monkeypatch.setattr(shutil, "which", lambda name: None)
         with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
             code_exec()(BODY, CODE_ITEM)
 

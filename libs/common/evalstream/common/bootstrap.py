@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -33,9 +32,9 @@ async def ensure_topics(bootstrap: str, groups: list[str]) -> list[str]:
 
 
 def default_groups() -> list[str]:
-    raw = os.environ.get("WORKER_GROUPS", "")
-    groups = [g.strip() for g in raw.split(",") if g.strip()]
-    return groups or [Settings.from_env().worker_group]
+    settings = Settings.from_env()
+    groups = [g.strip() for g in settings.worker_groups.split(",") if g.strip()]
+    return groups or [settings.worker_group]
 
 
 async def bootstrap(settings: Settings, groups: list[str]) -> None:

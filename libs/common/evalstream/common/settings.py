@@ -7,6 +7,7 @@ tests; `tests/unit/test_compose.py` keeps the three in agreement.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field, fields
 
 # Every environment variable the services read, with its local default.
@@ -24,6 +25,11 @@ DEFAULTS: dict[str, str] = {
     "WORKER_GROUP": "default",
     "WORKER_MODEL": "hf:smollm2-135m-instruct,null,replay:*",
     "WORKER_ID": "",
+    "WORKER_GROUPS": "",
+    "WORKER_MAX_SHARDS": "16",
+    "ENGINE_FAULTS": "",
+    "ROUTER_HEARTBEAT_TIMEOUT_S": "15",
+    "ROUTER_NO_GROUP_TIMEOUT_S": "120",
     "BATCH_TOKEN_BUDGET": "2048",
     "BATCH_MAX_WAIT_MS": "100",
     "BATCH_MAX_ITEMS": "64",
@@ -34,8 +40,8 @@ DEFAULTS: dict[str, str] = {
     "LOG_LEVEL": "INFO",
 }
 
-# The HTTP port each service listens on locally (healthz, readyz, metrics). Workers take
-# WORKER_BASE_PORT + index.
+# The HTTP port each service listens on locally (healthz, readyz, metrics). The local
+# stack gives its n-th worker SERVICE_PORTS["worker"] + n.
 SERVICE_PORTS: dict[str, int] = {
     "producer": 8101,
     "router": 8102,
@@ -63,6 +69,11 @@ class Settings:
     worker_group: str = DEFAULTS["WORKER_GROUP"]
     worker_model: str = DEFAULTS["WORKER_MODEL"]  # comma-separated SPEC patterns this group serves
     worker_id: str = DEFAULTS["WORKER_ID"]
+    worker_groups: str = DEFAULTS["WORKER_GROUPS"]  # bootstrap: work topics to create (comma-separated)
+    worker_max_shards: int = int(DEFAULTS["WORKER_MAX_SHARDS"])  # shards taken per engine round
+    engine_faults: str = DEFAULTS["ENGINE_FAULTS"]  # fault injection for tests, e.g. "transient=0.1"
+    router_heartbeat_timeout_s: float = float(DEFAULTS["ROUTER_HEARTBEAT_TIMEOUT_S"])
+    router_no_group_timeout_s: float = float(DEFAULTS["ROUTER_NO_GROUP_TIMEOUT_S"])
     batch_token_budget: int = int(DEFAULTS["BATCH_TOKEN_BUDGET"])
     batch_max_wait_ms: int = int(DEFAULTS["BATCH_MAX_WAIT_MS"])
     batch_max_items: int = int(DEFAULTS["BATCH_MAX_ITEMS"])
@@ -86,7 +97,8 @@ class Settings:
 
     @property
     def resolved_worker_id(self) -> str:
-        return self.worker_id or f"{self.worker_group}-{os.getpid()}"
+        # hostname: containers of one image all run as pid 1
+        return self.worker_id or f"{self.worker_group}-{socket.gethostname()}-{os.getpid()}"
 
     @property
     def resolved_model_cache_dir(self) -> str:

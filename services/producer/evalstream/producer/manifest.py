@@ -25,7 +25,7 @@ def code_version() -> dict[str, Any]:
         version = metadata.version("evalstream")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    commit = os.environ.get("EVALSTREAM_GIT_COMMIT")
+    commit = os.environ.get("EVALSTREAM_GIT_COMMIT") or None
     dirty: bool | None = None
     if commit is None:
         root = Path(__file__).resolve().parents[4]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 
 import msgspec
@@ -26,8 +25,8 @@ from evalstream.router.fleet import Fleet, Group
 log = logging.getLogger("evalstream.router")
 settings = Settings.from_env()
 broker = service.make_broker(settings, "router")
-fleet = Fleet(heartbeat_timeout_s=float(os.environ.get("ROUTER_HEARTBEAT_TIMEOUT_S", "15")))
-NO_GROUP_TIMEOUT_S = float(os.environ.get("ROUTER_NO_GROUP_TIMEOUT_S", "120"))
+fleet = Fleet(heartbeat_timeout_s=settings.router_heartbeat_timeout_s)
+NO_GROUP_TIMEOUT_S = settings.router_no_group_timeout_s
 
 
 def choose(groups: list[Group]) -> Group:

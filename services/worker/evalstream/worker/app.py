@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -47,9 +46,6 @@ log = logging.getLogger("evalstream.worker")
 settings = Settings.from_env()
 worker_id = settings.resolved_worker_id
 broker = service.make_broker(settings, f"worker-{settings.worker_group}", graceful_timeout=120.0)
-MAX_SHARDS = int(os.environ.get("WORKER_MAX_SHARDS", "16"))
-ENGINE_FAULTS = os.environ.get("ENGINE_FAULTS", "")
-ADVERTISED = os.environ.get("WORKER_ADVERTISE_MODEL", settings.worker_model)
 
 
 class Engines:
@@ -64,8 +60,8 @@ class Engines:
             if not serves(settings.worker_model, spec):
                 raise PermanentEngineError(f"group {settings.worker_group} does not serve model {spec!r}")
             engine = load_engine(spec, settings)
-            if ENGINE_FAULTS:
-                engine = ChaosEngine(engine, ENGINE_FAULTS)
+            if settings.engine_faults:
+                engine = ChaosEngine(engine, settings.engine_faults)
             self._loaded[spec] = engine
         return engine
 
@@ -86,7 +82,7 @@ state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
     topics.work_topic(settings.worker_group),
     group_id=topics.worker_consumer_group(settings.worker_group),
     batch=True,
-    max_records=MAX_SHARDS,
+    max_records=settings.worker_max_shards,
     batch_timeout_ms=settings.batch_max_wait_ms,
     auto_offset_reset="earliest",
     ack_policy=AckPolicy.NACK_ON_ERROR,
@@ -163,20 +159,20 @@ async def heartbeat(status: str) -> None:
     m = await asyncio.to_thread(sample_device_metrics)
     p50, p95, tps, err = runner.take_stats() if runner else (0.0, 0.0, 0.0, 0.0)
     hb = Heartbeat(
-        worker_id=worker_id, group=settings.worker_group, model=ADVERTISED, ts=time.time(), device=m.device,
-        gpu_utilization=m.gpu_utilization, gpu_memory_used_bytes=m.memory_used_bytes,
-        gpu_memory_free_bytes=m.memory_free_bytes, gpu_temperature_c=m.temperature_c, gpu_power_w=m.power_w,
-        cpu_utilization=m.cpu_utilization, queue_depth=state["in_flight"], latency_p50_ms=p50, latency_p95_ms=p95,
-        tokens_per_s=tps, error_rate=err, status=status,  # type: ignore[arg-type]
+        worker_id=worker_id, group=settings.worker_group, model=settings.worker_model, ts=time.time(),
+        device=engines.device if engines.device != "cpu" else m.device, queue_depth=state["in_flight"],
+        latency_p50_ms=p50, latency_p95_ms=p95, tokens_per_s=tps, error_rate=err,
+        status=status,  # type: ignore[arg-type]
+        **m.heartbeat_fields(),
     )
     if m.gpu_utilization is not None:
         GPU_UTILIZATION.labels(device=m.device).set(m.gpu_utilization)
-        GPU_MEMORY_USED.labels(device=m.device).set(m.memory_used_bytes or 0)
-        GPU_MEMORY_FREE.labels(device=m.device).set(m.memory_free_bytes or 0)
-        if m.temperature_c is not None:
-            GPU_TEMPERATURE.labels(device=m.device).set(m.temperature_c)
-        if m.power_w is not None:
-            GPU_POWER.labels(device=m.device).set(m.power_w)
+        GPU_MEMORY_USED.labels(device=m.device).set(m.gpu_memory_used_bytes or 0)
+        GPU_MEMORY_FREE.labels(device=m.device).set(m.gpu_memory_free_bytes or 0)
+        if m.gpu_temperature_c is not None:
+            GPU_TEMPERATURE.labels(device=m.device).set(m.gpu_temperature_c)
+        if m.gpu_power_w is not None:
+            GPU_POWER.labels(device=m.device).set(m.gpu_power_w)
     if m.cpu_utilization is not None:
         CPU_UTILIZATION.set(m.cpu_utilization)
     await broker.publish(encode(hb), topics.HEARTBEATS, key=worker_id.encode())

@@ -22,7 +22,6 @@ from evalstream.worker.batching import padding_ratio, plan_batches
 from evalstream.worker.cache import AnswerCache, CachedAnswer
 from evalstream.worker.engines.base import Engine, EngineError, GenRequest
 from evalstream.worker.grading import get_grader, resolve_grader
-from evalstream.worker.grading.clean import clean_response
 from evalstream.worker.prompting import build_messages
 
 
@@ -87,9 +86,9 @@ class ModelRunner:
         fresh: list[tuple[str, str, CachedAnswer]] = []
         for group in by_engine.values():
             engine = group[0].engine
-            max_new = max(p.request.params.max_tokens for p in group)
             plan = plan_batches([p.prompt_tokens for p in group], token_budget=self.config.token_budget,
-                                max_items=self.config.max_items, max_new_tokens=max_new)
+                                max_items=self.config.max_items,
+                                max_new_tokens=[p.request.params.max_tokens for p in group])
             for batch_idx in plan:
                 batch = [group[i] for i in batch_idx]
                 BATCH_SIZE.observe(len(batch))
@@ -153,8 +152,9 @@ class ModelRunner:
     def _grade_all(self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]) -> list[ItemResult]:
         results = []
         for p, answer, latency_ms, cache_hit, truncated in answered:
-            response = clean_response(answer.response)
-            grade = get_grader(p.grader, p.item)(response, p.item)
+            # Graders clean what they read themselves (think blocks, fences): cleaning here
+            # would strip a code body's first-line indentation.
+            grade = get_grader(p.grader, p.item)(answer.response, p.item)
             results.append(ItemResult(
                 run_id=p.shard.run_id, item_id=p.item.id, shard_id=p.shard.shard_id, response=answer.response,
                 extracted=grade.extracted, correct=grade.correct, score=grade.score, attempts=p.shard.attempt,

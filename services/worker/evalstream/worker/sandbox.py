@@ -2,9 +2,10 @@
 
 Isolation, layer by layer:
 
-* bubblewrap: read-only view of the host root, private tmpfs /tmp (size-capped), fresh /dev
-  and /proc, new user/pid/net/ipc/uts namespaces (the network namespace has only a downed
-  loopback, so nothing is reachable), all capabilities dropped, own session (no TIOCSTI).
+* bubblewrap: read-only view of the host root, private size-capped tmpfs /tmp (the only
+  writable place), fresh read-only /dev, fresh /proc, new user/pid/net/ipc/uts namespaces
+  (the network namespace holds only its own loopback: no host port, no outside address is
+  reachable), all capabilities dropped, its own session (no TIOCSTI).
 * a seccomp filter (classic BPF, built here, handed to bwrap) that refuses to create new
   processes: fork/vfork/clone without CLONE_THREAD fail with EPERM, so a fork bomb dies at
   its first fork. RLIMIT_NPROC cannot do this job: the kernel never enforces it for real
@@ -14,9 +15,9 @@ Isolation, layer by layer:
 * the host side: a wall-clock deadline that kills the whole process group (the sandbox's
   pid namespace dies with it, see --die-with-parent), and a cap on stdout+stderr volume.
 
-The interpreter is the worker's own (`sys.executable`) run with `-I -S`: no site-packages,
-no environment variables, no user site, so the candidate sees only the standard library —
-as in the original HumanEval harness.
+The interpreter is the worker's own (`sys.executable`, resolved past a venv's link to it)
+run with `-I -S`: no site-packages, no environment variables, no user site, so the candidate
+sees only the standard library, as in the original HumanEval harness.
 
 `run_program` is synchronous and keeps no shared mutable state except a lock-guarded
 "already probed" set, so it is safe to call from many threads of a pool at once.
@@ -75,7 +76,7 @@ DEFAULT_LIMITS = Limits()
 class SandboxResult:
     passed: bool  # the whole program ran to its end, without an exception or exit
     timed_out: bool
-    exit_code: int | None  # negative: killed by that signal; None: never reaped (not expected)
+    exit_code: int  # negative: killed by that signal
     stderr_tail: str
     stdout_tail: str
     duration_s: float
@@ -87,12 +88,12 @@ _STDOUT_TAIL = 4096
 _CHUNK = 65536
 EXIT_EARLY_EXIT = 3  # the program called exit() before it finished
 
-# Runs first inside the sandbox: python -I -S -c BOOTSTRAP <program fd> <AS bytes> <FSIZE bytes>
-# <exit code for an early exit()>.
-# The program comes through an inherited memfd, not argv (size limits) nor stdin (left to the
-# program, at EOF). Its first line is a nonce, printed only after the program ran to its end,
-# so an early os._exit(0) cannot pass for success. Tracebacks go through the `traceback`
-# module, which reads source lines from linecache, so they show the failing line.
+# Runs first inside the sandbox, as python -I -S -c BOOTSTRAP <program fd> <AS bytes>
+# <FSIZE bytes> <exit code for an early exit()>. The program comes through an inherited memfd:
+# not argv (size limits), not stdin (left to the program, at EOF). Its first line is a nonce,
+# printed only after the program ran to its end, so an early os._exit(0) cannot pass for
+# success. Tracebacks go through the `traceback` module, which reads source lines from
+# linecache, so they show the failing line.
 _BOOTSTRAP = """\
 import linecache, os, resource, sys, traceback
 fd, mem, fsize, early_exit = (int(a) for a in sys.argv[1:5])
@@ -196,11 +197,6 @@ def _resolve(python: str | None, bwrap: str | None) -> tuple[str, str]:
     return bwrap_path, python_path
 
 
-def _tail(buf: bytearray, limit: int) -> None:
-    if len(buf) > limit:
-        del buf[: len(buf) - limit]
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     # bwrap leads its own process group; killing it takes the pid namespace down with it
     # (--die-with-parent), grandchildren included.
@@ -208,14 +204,49 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+_Collected = tuple[bytes, bytes, bool, bool]  # stdout tail, stderr tail, timed out, output exceeded
+
+
+def _collect(proc: subprocess.Popen[bytes], deadline: float, max_output: int) -> _Collected:
+    """Reads stdout and stderr (keeping their tails) until the process ends, the deadline
+    passes or the output grows past `max_output`."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    total = 0
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, (out, _STDOUT_TAIL))
+        sel.register(proc.stderr, selectors.EVENT_READ, (err, _STDERR_TAIL))
+        while sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return bytes(out), bytes(err), True, False
+            for key, _ in sel.select(remaining):
+                chunk = os.read(key.fd, _CHUNK)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf, limit = key.data
+                buf += chunk
+                del buf[: max(0, len(buf) - limit)]
+                total += len(chunk)
+                if total > max_output:
+                    return bytes(out), bytes(err), False, True
+    try:  # both pipes closed: the process normally exits right after
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return bytes(out), bytes(err), True, False
+    return bytes(out), bytes(err), False, False
+
+
 def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxResult:
     nonce = secrets.token_hex(16)
-    prog_fd = _memfd("evalstream-program", f"{nonce}\n{source}".encode())
+    prog_fd = _memfd("evalstream-program", f"{nonce}\n{source}".encode("utf-8", "replace"))  # lone surrogates
     seccomp_fd = _memfd("evalstream-seccomp", _seccomp_filter(platform.machine()))
     cmd = [
         bwrap,
         "--ro-bind", "/", "/",
         "--dev", "/dev",
+        "--remount-ro", "/dev",  # its tmpfs (and /dev/shm in it) would be unbounded memory
         "--proc", "/proc",
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
         "--unshare-all",
@@ -228,11 +259,7 @@ def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxRes
         str(prog_fd), str(limits.memory_bytes), str(limits.max_file_bytes), str(EXIT_EARLY_EXIT),
     ]  # fmt: skip
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-    out, err = bytearray(), bytearray()
-    total = 0
-    timed_out = exceeded = False
     start = time.monotonic()
-    deadline = start + limits.timeout_s
     try:
         proc = subprocess.Popen(
             cmd,
@@ -246,30 +273,12 @@ def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxRes
     finally:
         os.close(prog_fd)
         os.close(seccomp_fd)
-    assert proc.stdout is not None and proc.stderr is not None
-    with proc, selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, (out, _STDOUT_TAIL))
-        sel.register(proc.stderr, selectors.EVENT_READ, (err, _STDERR_TAIL))
-        while sel.get_map() and not (timed_out or exceeded):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(remaining):
-                chunk = os.read(key.fd, _CHUNK)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf, limit = key.data
-                buf += chunk
-                _tail(buf, limit)
-                total += len(chunk)
-                exceeded = total > limits.max_output_bytes
-        if not (timed_out or exceeded):
-            try:  # pipes closed; the process normally exits right after
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+    with proc:
+        try:
+            out, err, timed_out, exceeded = _collect(proc, start + limits.timeout_s, limits.max_output_bytes)
+        except BaseException:  # never leave a sandbox running behind an error
+            _kill_group(proc)
+            raise
         if timed_out or exceeded:
             _kill_group(proc)
         exit_code = proc.wait()

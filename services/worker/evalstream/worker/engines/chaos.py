@@ -40,7 +40,7 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, text: str) -> FaultPlan:
-        """"transient=0.1,permanent=0.01,seed=7" (any subset, any order; "" = no faults)."""
+        """ "transient=0.1,permanent=0.01,seed=7" (any subset, any order; "" = no faults)."""
         values: dict[str, float | int] = {}
         for part in text.replace(";", ",").split(","):
             if not part.strip():

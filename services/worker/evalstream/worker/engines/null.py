@@ -29,9 +29,7 @@ class NullEngine:
         return word_count(text)
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
-        return [
-            GenOutput(text="", prompt_tokens=word_count(plain_prompt(r.messages))) for r in requests
-        ]
+        return [GenOutput(text="", prompt_tokens=word_count(plain_prompt(r.messages))) for r in requests]
 
     def close(self) -> None:
         pass

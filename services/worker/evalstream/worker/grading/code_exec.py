@@ -62,7 +62,7 @@ def failure_reason(result: SandboxResult, limits: Limits) -> str:
         return f"timed out after {limits.timeout_s:g} s"
     if result.output_exceeded:
         return f"output exceeded {limits.max_output_bytes} bytes"
-    if result.exit_code is not None and result.exit_code < 0:
+    if result.exit_code < 0:
         return f"killed by signal {-result.exit_code} ({signal.strsignal(-result.exit_code)})"
     lines = [line for line in result.stderr_tail.splitlines() if line.strip()]
     if not lines:

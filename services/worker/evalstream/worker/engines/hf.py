@@ -1,0 +1,417 @@
+"""`hf:<model dir | file.gguf | bundled name>`: the local torch engine.
+
+A GGUF file is de-quantised by transformers once (~20 s for SmolLM2-135M on two CPU cores)
+and cached as safetensors under MODEL_CACHE_DIR/<sha256[:16]>/ with its tokenizer; later
+starts load that folder (~2 s). Generation is batched with left padding; greedy answers do
+not depend on what else is in the batch (tests/model/test_hf_engine.py measures it).
+
+torch and transformers are imported lazily so that importing this package stays cheap.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from evalstream.common.messages import ChatMessage, GenerationParams
+from evalstream.worker.engines import EngineConfigError
+from evalstream.worker.engines.base import (
+    EngineError,
+    GenOutput,
+    GenRequest,
+    PermanentEngineError,
+    TransientEngineError,
+)
+from evalstream.worker.engines.null import plain_prompt
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+CACHE_MARKER = "evalstream-cache.json"  # written last: a folder without it is incomplete
+# files that determine a model folder's answers (README and the like do not)
+_MODEL_FILE_SUFFIXES = {".safetensors", ".bin", ".json", ".model", ".jinja", ".txt"}
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+# ---- weights identity and the safetensors cache ------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    # measured: 0.06 s for the 98 MB SmolLM2 GGUF (page cache warm), so no memo is needed
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def model_dir_fingerprint(path: Path) -> str:
+    """Cheap but stable identity of a model folder: names, sizes and first MiB of the files
+    that matter. Hashing gigabytes of weights at every start would not be cheap."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in _MODEL_FILE_SUFFIXES):
+        h.update(f"{f.name}\x00{f.stat().st_size}\x00".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+def ensure_safetensors_cache(gguf: Path, cache_dir: Path, digest: str) -> Path:
+    """The de-quantised copy of `gguf` (model + tokenizer as safetensors), built if missing.
+
+    Built in a temporary folder and renamed into place, so that two workers starting at
+    once never see a half-written cache: the loser of the rename uses the winner's copy."""
+    final = cache_dir / digest[:16]
+    if (final / CACHE_MARKER).is_file():
+        return final
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=cache_dir))
+    try:
+        started = time.perf_counter()
+        log.info("de-quantising %s once into %s (tens of seconds; later starts take ~2 s)", gguf.name, final)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # transformers refuses to serialise a GGUF-loaded model although its weights are
+        # plain fp32 by now; without the quantizer and its config it saves normally
+        model.hf_quantizer = None  # type: ignore[assignment]
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        del model
+        marker = {"gguf": str(gguf), "sha256": digest, "transformers": transformers.__version__}
+        (tmp / CACHE_MARKER).write_text(json.dumps(marker, indent=1))
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        if final.exists() and not (final / CACHE_MARKER).is_file():
+            shutil.rmtree(final, ignore_errors=True)  # debris of something that was not us
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / CACHE_MARKER).is_file():
+                raise
+            log.info("another process cached %s first; using its copy", gguf.name)
+        else:
+            log.info(
+                "cached %s as safetensors in %s (%.1f s)", gguf.name, final, time.perf_counter() - started
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# ---- pure helpers (unit-tested without a model) -------------------------------------------
+
+
+def truncate_middle(ids: list[int], limit: int) -> list[int]:
+    """Keeps the head (system prompt, start of the question) and the tail (the question's
+    end and the assistant header the answer must follow) of a too long prompt."""
+    if len(ids) <= limit:
+        return ids
+    head = limit // 2
+    return ids[:head] + ids[len(ids) - (limit - head) :]
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to the earliest stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def split_on_oom(
+    items: Sequence[T],
+    run: Callable[[Sequence[T]], list[R]],
+    is_oom: Callable[[BaseException], bool],
+    on_oom: Callable[[], None] | None = None,
+) -> list[R | EngineError]:
+    """run(items); on out-of-memory, run each half separately, down to single items, which
+    then fail transiently (another worker, or a later attempt, may have the memory)."""
+    try:
+        return list(run(items))
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        if on_oom is not None:
+            on_oom()
+        if len(items) <= 1:
+            return [TransientEngineError(f"out of memory even for a single request: {exc}") for _ in items]
+        mid = len(items) // 2
+        return split_on_oom(items[:mid], run, is_oom, on_oom) + split_on_oom(items[mid:], run, is_oom, on_oom)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def _sampling_key(params: GenerationParams) -> tuple[Any, ...]:
+    """Requests that can share one generate() call: max_tokens and stop strings are applied
+    per row, and greedy decoding ignores top_p and seed."""
+    if params.temperature == 0:
+        return ("greedy",)
+    return ("sample", params.temperature, params.top_p, params.seed)
+
+
+# ---- the engine ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    index: int  # position in the generate() call
+    params: GenerationParams
+    ids: list[int]
+    original_tokens: int  # before truncation
+
+
+class HFEngine:
+    """transformers model on CUDA (bf16) when available, else on the CPU (fp32)."""
+
+    def __init__(
+        self,
+        source: str | Path,
+        *,
+        name: str | None = None,
+        cache_dir: str | Path | None = None,
+        device: str | None = None,
+        context_window: int | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # per-tensor progress bars flood the worker's log
+        started = time.perf_counter()
+        source = Path(source).expanduser()
+        self.name = name or f"hf:{source}"
+        if source.suffix == ".gguf":
+            if cache_dir is None:
+                raise EngineConfigError("a GGUF model needs a cache folder (MODEL_CACHE_DIR)")
+            weights_id = file_sha256(source)
+            self.model_dir = ensure_safetensors_cache(source, Path(cache_dir).expanduser(), weights_id)
+        elif (source / "config.json").is_file():
+            weights_id = model_dir_fingerprint(source)
+            self.model_dir = source
+        else:
+            raise EngineConfigError(f"not a .gguf file nor a transformers model folder: {source}")
+
+        self._device, dtype, self.device = _pick_device(device)
+        # the precision changes answers, so it is part of the revision (the cache key)
+        self.revision = f"{weights_id}+{str(dtype).removeprefix('torch.')}"
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        # Any: transformers' annotations of from_pretrained/to are too loose to help here
+        self.model: Any = cast(Any, AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype))
+        self.model.to(self._device).eval()
+        self.context_window = context_window or int(
+            getattr(self.model.config, "max_position_embeddings", 2048)
+        )
+        eos = self.model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        eos_ids.add(self.tokenizer.eos_token_id)
+        self._eos_ids = sorted(i for i in eos_ids if i is not None)
+        self._end_ids = {*self._eos_ids, self.tokenizer.pad_token_id}
+        self._lock = threading.Lock()  # one generate() at a time: the model is not reentrant
+        self.load_seconds = time.perf_counter() - started
+        log.info(
+            "loaded %s on %s in %.1f s (revision %s)",
+            self.name,
+            self.device,
+            self.load_seconds,
+            self.revision,
+        )
+
+    # -- Engine protocol --
+
+    def render_prompt(self, messages: list[ChatMessage]) -> str:
+        if not self.tokenizer.chat_template:
+            return plain_prompt(messages)
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return str(rendered)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._encode(text))
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        results: list[GenOutput | EngineError | None] = [None] * len(requests)
+        groups: dict[tuple[Any, ...], list[_Prepared]] = {}
+        for i, request in enumerate(requests):
+            try:
+                prepared = self._prepare(i, request)
+            except EngineError as exc:
+                results[i] = exc
+                continue
+            groups.setdefault(_sampling_key(request.params), []).append(prepared)
+        with self._lock:
+            for group in groups.values():
+                try:
+                    outs = split_on_oom(group, self._run_batch, _is_oom, self._free_memory)
+                except Exception as exc:  # a bug or a device fault: let the retry path decide
+                    log.exception("generation failed for a batch of %d", len(group))
+                    why = f"generation failed: {type(exc).__name__}: {exc}"
+                    outs = [TransientEngineError(why) for _ in group]  # one exception per request
+                for p, out in zip(group, outs, strict=True):
+                    results[p.index] = out
+        return [r if r is not None else TransientEngineError("no result") for r in results]
+
+    def close(self) -> None:
+        self.model = None
+        gc.collect()
+        self._free_memory()
+
+    # -- internals --
+
+    def _encode(self, text: str) -> list[int]:
+        # rendered prompts already carry their special tokens: do not add a second BOS
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def _prepare(self, index: int, request: GenRequest) -> _Prepared:
+        params = request.params
+        problems = params.problems()
+        if problems:
+            raise PermanentEngineError("; ".join(problems))
+        room = self.context_window - params.max_tokens
+        if room < 1:
+            raise PermanentEngineError(
+                f"max_tokens={params.max_tokens} leaves no room for the prompt in this model's "
+                f"context window of {self.context_window} tokens"
+            )
+        try:
+            ids = self._encode(self.render_prompt(request.messages))
+        except Exception as exc:  # e.g. a chat template that rejects a role
+            raise PermanentEngineError(f"cannot render the prompt: {exc}") from exc
+        if not ids:
+            raise PermanentEngineError("empty prompt")
+        return _Prepared(index, params, truncate_middle(ids, room), len(ids))
+
+    def _run_batch(self, batch: Sequence[_Prepared]) -> list[GenOutput]:
+        import torch
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        started = time.perf_counter()
+        width = max(len(p.ids) for p in batch)
+        pad = int(self.tokenizer.pad_token_id)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, p in enumerate(batch):  # left padding: every row's last token is aligned
+            input_ids[row, width - len(p.ids) :] = torch.tensor(p.ids)
+            attention_mask[row, width - len(p.ids) :] = 1
+        params = batch[0].params
+        config = GenerationConfig(
+            max_new_tokens=max(p.params.max_tokens for p in batch),
+            pad_token_id=pad,
+            eos_token_id=self._eos_ids,
+            num_beams=1,
+            **(
+                {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+                if params.temperature > 0
+                else {"do_sample": False}
+            ),
+        )
+        stopper = _RowStop(width, [p.params for p in batch], self.tokenizer)
+        if params.temperature > 0:
+            torch.manual_seed(params.seed)  # sampled answers repeat for the same batch
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self._device),
+                attention_mask=attention_mask.to(self._device),
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList([stopper]),
+            )
+        latency_ms = (time.perf_counter() - started) * 1000
+        return [self._output(p, out[row, width:].tolist(), latency_ms) for row, p in enumerate(batch)]
+
+    def _output(self, p: _Prepared, generated: list[int], latency_ms: float) -> GenOutput:
+        n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
+        n = min(n, p.params.max_tokens)
+        text, stopped = cut_at_stop(
+            str(self.tokenizer.decode(generated[:n], skip_special_tokens=True)), p.params.stop
+        )
+        at_limit = n == p.params.max_tokens and not stopped
+        extra = {"finish_reason": "length" if at_limit else "stop"}
+        if len(p.ids) < p.original_tokens:
+            extra["original_prompt_tokens"] = str(p.original_tokens)
+        return GenOutput(
+            text=text,
+            prompt_tokens=len(p.ids),
+            completion_tokens=n,
+            truncated=len(p.ids) < p.original_tokens,
+            latency_ms=latency_ms,
+            extra=extra,
+        )
+
+    def _free_memory(self) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class _RowStop:
+    """Stops each row at its own max_tokens or stop string, so that one long answer does not
+    keep generating for rows that are done (transformers pads finished rows)."""
+
+    def __init__(self, prompt_width: int, params: list[GenerationParams], tokenizer: Any) -> None:
+        self.prompt_width = prompt_width
+        self.max_tokens = [p.max_tokens for p in params]
+        self.stops = [[s for s in p.stop if s] for p in params]
+        self.tokenizer = tokenizer
+        # a token decodes to at least one character (or part of one): this many tokens cover
+        # the longest stop string
+        self.window = max((len(s) for row in self.stops for s in row), default=0) + 4
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        import torch
+
+        produced = input_ids.shape[1] - self.prompt_width
+        done = [produced >= m for m in self.max_tokens]
+        for row, stops in enumerate(self.stops):
+            if stops and not done[row]:
+                tail = self.tokenizer.decode(
+                    input_ids[row, -min(produced, self.window) :], skip_special_tokens=True
+                )
+                done[row] = any(s in tail for s in stops)
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _pick_device(requested: str | None) -> tuple[torch.device, torch.dtype, str]:
+    """(torch device, dtype, label for heartbeats): CUDA in bf16 when present, else CPU fp32."""
+    import torch
+
+    if requested is None:
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda":
+        index = device.index or 0
+        bf16 = torch.cuda.is_bf16_supported()
+        label = f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+        return torch.device("cuda", index), torch.bfloat16 if bf16 else torch.float16, label
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use, not the host's
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    return device, torch.float32, "cpu"
