@@ -13,6 +13,8 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from evalstream.common.lag import topic_partitions
+
 ROOT = Path(__file__).resolve().parents[1]
 STACK = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack"))
 
@@ -21,8 +23,7 @@ async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in parts]
+        tps = await topic_partitions(consumer, topic)
         ends = await consumer.end_offsets(tps)
         return {tp.partition: off for tp, off in ends.items()}
     finally:
@@ -40,7 +41,7 @@ async def read_topic_since(bootstrap: str, topic: str, start: dict[int, int]) ->
         ends = await consumer.end_offsets(tps)
         for tp in tps:
             consumer.seek(tp, start[tp.partition])
-        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
             for records in (await consumer.getmany(timeout_ms=1000)).values():
                 out += [(r.key, r.value or b"", dict(r.headers)) for r in records if r.offset < ends[TopicPartition(topic, r.partition)]]
     finally:

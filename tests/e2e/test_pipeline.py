@@ -77,7 +77,10 @@ async def test_rejected_dataset_publishes_nothing(stack: Settings, pg: asyncpg.C
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
     # 3) garbage on eval.jobs does not stop the producer: a later good job still runs
     await kafka_producer.send_and_wait(topics.JOBS, b"\x00not json{", key=b"garbage")
-    await wait_until(lambda: run_status(pg, run_id), 60, what="the producer to record the rejection")
+    async def decided() -> bool:
+        return await run_status(pg, run_id) not in (None, "validating")
+
+    await wait_until(decided, 60, what="the producer to decide on the job")
     assert await run_status(pg, run_id) == "rejected"
     problems = json.loads(await pg.fetchval("SELECT problems FROM runs WHERE run_id = $1", run_id))
     assert {p["line"] for p in problems if p["line"]} >= {2, 3}

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from evalstream.common import storage, topics
+from evalstream.common.lag import topic_partitions
 from evalstream.common.settings import Settings
 
 pytestmark = pytest.mark.stack
@@ -56,8 +57,7 @@ async def test_pipeline_topics_exist_with_partitions(stack: Settings) -> None:
     await consumer.start()
     try:
         for spec in topics.BASE_TOPICS:
-            parts = consumer.partitions_for_topic(spec.name)
-            assert parts is not None and len(parts) == spec.partitions, spec.name
+            assert len(await topic_partitions(consumer, spec.name)) == spec.partitions, spec.name
     finally:
         await consumer.stop()
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import asyncpg
 import msgspec
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import storage, topics
-from evalstream.common.lag import group_lag
+from evalstream.common.lag import group_lag, topic_partitions
 from evalstream.common.messages import GenerationParams, Heartbeat, JobSpec, RetryPolicy, Shard, decode, encode
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
@@ -310,12 +310,11 @@ async def read_heartbeats(bootstrap: str) -> list[Heartbeat]:
     await consumer.start()
     latest: dict[str, Heartbeat] = {}
     try:
-        tps = [TopicPartition(topics.HEARTBEATS, p) for p in sorted(consumer.partitions_for_topic(topics.HEARTBEATS)
-                                                                       or {0})]
+        tps = await topic_partitions(consumer, topics.HEARTBEATS)
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
         await consumer.seek_to_beginning(*tps)
-        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
             batch = await consumer.getmany(timeout_ms=1000)
             for records in batch.values():
                 for rec in records:

@@ -6,6 +6,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """A started consumer knows no topic's partitions until it fetched the metadata."""
+    cluster = await consumer._client.fetch_all_metadata()
+    return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
+
+
 async def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     """Lag per partition of `topic` for consumer group `group` (uncommitted = whole log)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -13,11 +19,7 @@ async def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     await admin.start()
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        if not parts:
-            await consumer._client.force_metadata_update()  # first lookup of this topic
-            parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        tps = await topic_partitions(consumer, topic)
         ends = await consumer.end_offsets(tps)
         begins = await consumer.beginning_offsets(tps)
         committed = await admin.list_consumer_group_offsets(group, partitions=tps)

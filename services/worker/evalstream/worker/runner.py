@@ -142,7 +142,7 @@ class ModelRunner:
                     continue
                 gen = shard.generation
                 key = None
-                if gen.temperature == 0.0:
+                if gen.temperature == 0.0 and engine.cacheable:
                     key = cache_key(model=shard.model, model_revision=engine.revision,
                                     generation=msgspec.to_builtins(gen), prompt=prompt)
                 request = GenRequest(item_id=item.id, messages=messages, params=gen, attempt=shard.attempt)

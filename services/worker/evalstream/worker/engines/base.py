@@ -51,6 +51,7 @@ class Engine(Protocol):
 
     name: str  # the model SPEC it serves
     revision: str  # weights hash or API model version: part of the answer-cache key
+    cacheable: bool  # whether answers go through the answer cache
     device: str
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:

@@ -75,6 +75,7 @@ class ChaosEngine:
         self.plan = faults if isinstance(faults, FaultPlan) else FaultPlan.parse(faults)
         self.name = inner.name
         self.revision = inner.revision
+        self.cacheable = inner.cacheable
         self.device = inner.device
 
     def planned_failure(self, item_id: str, attempt: int) -> FailureKind | None:

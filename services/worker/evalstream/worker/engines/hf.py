@@ -213,6 +213,7 @@ class HFEngine:
 
         self._device, dtype, self.device = _pick_device(device)
         # the precision changes answers, so it is part of the revision (the cache key)
+        self.cacheable = True
         self.revision = f"{weights_id}+{str(dtype).removeprefix('torch.')}"
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.tokenizer.padding_side = "left"

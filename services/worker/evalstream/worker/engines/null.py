@@ -20,6 +20,8 @@ def word_count(text: str) -> int:
 class NullEngine:
     name = "null"
     revision = "null-1"
+    # It measures the pipeline itself: a cache in front of it would measure the cache.
+    cacheable = False
     device = "none"
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:

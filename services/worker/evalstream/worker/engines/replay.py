@@ -28,6 +28,7 @@ class ReplayEngine:
         data = self.path.read_bytes()
         # the answers are the "weights": a changed file must not hit the old cache entries
         self.revision = hashlib.sha256(data).hexdigest()
+        self.cacheable = True
         self.answers: dict[str, tuple[str, str]] = {}  # id -> (text, format)
         self.duplicates = 0
         for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):
