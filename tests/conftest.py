@@ -57,8 +57,11 @@ def spawn(tmp_path: Path) -> Iterator[object]:
 
     def _spawn(module: str, **env: str) -> tuple[ServiceProcess, int]:
         port = free_port()
-        p = ServiceProcess(module, {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **env},
-                           tmp_path / f"{module.split('.')[-1]}-{len(procs)}.log").start()
+        p = ServiceProcess(
+            module,
+            {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **env},
+            tmp_path / f"{module.split('.')[-1]}-{len(procs)}.log",
+        ).start()
         procs.append(p)
         return p, port
 

@@ -30,7 +30,9 @@ async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def read_topic_since(bootstrap: str, topic: str, start: dict[int, int]) -> list[tuple[bytes | None, bytes, dict[str, bytes]]]:
+async def read_topic_since(
+    bootstrap: str, topic: str, start: dict[int, int]
+) -> list[tuple[bytes | None, bytes, dict[str, bytes]]]:
     """Every record of `topic` after the offsets in `start` (as returned by topic_end_offsets)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
@@ -43,7 +45,11 @@ async def read_topic_since(bootstrap: str, topic: str, start: dict[int, int]) ->
             consumer.seek(tp, start[tp.partition])
         while any([await consumer.position(tp) < ends[tp] for tp in tps]):
             for records in (await consumer.getmany(timeout_ms=1000)).values():
-                out += [(r.key, r.value or b"", dict(r.headers)) for r in records if r.offset < ends[TopicPartition(topic, r.partition)]]
+                out += [
+                    (r.key, r.value or b"", dict(r.headers))
+                    for r in records
+                    if r.offset < ends[TopicPartition(topic, r.partition)]
+                ]
     finally:
         await consumer.stop()
     return out
@@ -59,8 +65,13 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env={**os.environ, **self.env},
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            env={**os.environ, **self.env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         return self
 
     def wait_healthy(self, port: int, timeout: float = 120.0) -> None:
@@ -70,8 +81,10 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise AssertionError(f"{self.module} exited with {self.proc.returncode}; log {self.log}:\n"
-                                     + self.log.read_text()[-3000:])
+                raise AssertionError(
+                    f"{self.module} exited with {self.proc.returncode}; log {self.log}:\n"
+                    + self.log.read_text()[-3000:]
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
                     if r.status == 200:
@@ -106,7 +119,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-async def wait_until(predicate, timeout: float, interval: float = 0.25, what: str = "condition"):  # type: ignore[no-untyped-def]
+async def wait_until(predicate, timeout: float, interval: float = 0.25, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = await predicate()

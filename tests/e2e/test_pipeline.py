@@ -20,7 +20,6 @@ from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, Shard, decode, encode
 from evalstream.common.settings import Settings
 from evalstream.worker.engines.chaos import FaultPlan
-from tests.support import STACK, read_topic_since, topic_end_offsets, unique, wait_until
 from tests.e2e.helpers import (
     ROOT,
     arithmetic_items,
@@ -31,13 +30,16 @@ from tests.e2e.helpers import (
     submit_wait,
     write_jsonl,
 )
+from tests.support import STACK, read_topic_since, topic_end_offsets, unique, wait_until
 
 pytestmark = pytest.mark.stack
 
 
 async def test_null_run_has_exactly_one_row_per_item(pg: asyncpg.Connection, tmp_path: Path) -> None:
     items = arithmetic_items(300)
-    summary = submit_wait(write_jsonl(tmp_path / "arith.jsonl", items), "--model", "null", "--shard-size", "25")
+    summary = submit_wait(
+        write_jsonl(tmp_path / "arith.jsonl", items), "--model", "null", "--shard-size", "25"
+    )
     assert summary["status"] == "completed"
     rows = await result_rows(pg, summary["run_id"])
     assert sorted(r["item_id"] for r in rows) == sorted(i["id"] for i in items)
@@ -48,8 +50,10 @@ async def test_null_run_has_exactly_one_row_per_item(pg: asyncpg.Connection, tmp
 async def test_accuracy_in_report_equals_recomputation_from_results(tmp_path: Path) -> None:
     # replay answers: half right, a few in words the numeric grader must still read
     items = arithmetic_items(40)
-    answers = [{"id": it["id"], "response": f"The answer is {it['answer'] if i % 2 == 0 else 'unknown'}."}
-               for i, it in enumerate(items)]
+    answers = [
+        {"id": it["id"], "response": f"The answer is {it['answer'] if i % 2 == 0 else 'unknown'}."}
+        for i, it in enumerate(items)
+    ]
     replay = write_jsonl(tmp_path / "answers.jsonl", answers)
     summary = submit_wait(write_jsonl(tmp_path / "arith.jsonl", items), "--model", f"replay:{replay}")
     records = results_jsonl(summary["run_id"])
@@ -60,11 +64,14 @@ async def test_accuracy_in_report_equals_recomputation_from_results(tmp_path: Pa
     assert report["accuracy"] == summary["accuracy"] and report["succeeded"] == 40
 
 
-async def test_rejected_dataset_publishes_nothing(stack: Settings, pg: asyncpg.Connection, tmp_path: Path,
-                                                  kafka_producer: AIOKafkaProducer) -> None:
+async def test_rejected_dataset_publishes_nothing(
+    stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
+) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "a", "question": "1+1?", "answer": "2"}\n{"id": "b", "question": "2+2?"\n'
-                   '{"id": "a", "question": "3+3?", "answer": "6"}\n')
+    bad.write_text(
+        '{"id": "a", "question": "1+1?", "answer": "2"}\n{"id": "b", "question": "2+2?"\n'
+        '{"id": "a", "question": "3+3?", "answer": "6"}\n'
+    )
     watched = [topics.SHARDS, topics.RESULTS, topics.work_topic(stack.worker_group)]
     before = {t: await topic_end_offsets(stack.kafka_bootstrap, t) for t in watched}
     # 1) through evalctl: refused locally, naming the lines, exit code 2
@@ -77,6 +84,7 @@ async def test_rejected_dataset_publishes_nothing(stack: Settings, pg: asyncpg.C
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
     # 3) garbage on eval.jobs does not stop the producer: a later good job still runs
     await kafka_producer.send_and_wait(topics.JOBS, b"\x00not json{", key=b"garbage")
+
     async def decided() -> bool:
         return await run_status(pg, run_id) not in (None, "validating")
 
@@ -87,23 +95,44 @@ async def test_rejected_dataset_publishes_nothing(stack: Settings, pg: asyncpg.C
     await asyncio.sleep(2)
     after = {t: await topic_end_offsets(stack.kafka_bootstrap, t) for t in watched}
     new_shards = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, before[topics.SHARDS])
-    assert not [s for _, v, _ in new_shards if run_id.encode() in v]
+    assert not [v for _, v, _ in new_shards if run_id.encode() in v]
     assert after[topics.SHARDS] == before[topics.SHARDS] or new_shards  # nothing of ours, whatever else ran
     assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id) == 0
     good = submit_wait(write_jsonl(tmp_path / "ok.jsonl", arithmetic_items(5)), "--model", "null")
     assert good["status"] == "completed"
-    dead = await pg.fetchval("SELECT count(*) FROM dead_letters WHERE original_topic = $1 AND payload = $2",
-                             topics.JOBS, b"\x00not json{")
+    dead = await pg.fetchval(
+        "SELECT count(*) FROM dead_letters WHERE original_topic = $1 AND payload = $2",
+        topics.JOBS,
+        b"\x00not json{",
+    )
     assert dead >= 1
 
 
 async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
-        stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer) -> None:
+    stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
+) -> None:
     start = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
     items = arithmetic_items(2000, prefix="k")
-    proc = subprocess.Popen([sys.executable, "-m", "evalstream.cli", "submit",
-                             str(write_jsonl(tmp_path / "big.jsonl", items)), "--model", "null", "--shard-size", "20",
-                             "--wait", "--json", "--timeout", "300"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "evalstream.cli",
+            "submit",
+            str(write_jsonl(tmp_path / "big.jsonl", items)),
+            "--model",
+            "null",
+            "--shard-size",
+            "20",
+            "--wait",
+            "--json",
+            "--timeout",
+            "300",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     # kill -9 the aggregator while results flow, then let `make up` bring it back
     pidfile = STACK / "run" / "aggregator.pid"
     await asyncio.sleep(3)
@@ -114,8 +143,11 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     summary = json.loads(out.strip().splitlines()[-1])
     run_id = summary["run_id"]
     # publish one of its shards again, as a producer retry would
-    shards = [(k, v) for k, v, _ in await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, start)
-              if run_id.encode() in v]
+    shards = [
+        (k, v)
+        for k, v, _ in await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, start)
+        if run_id.encode() in v
+    ]
     assert len(shards) == 100
     results_before = await topic_end_offsets(stack.kafka_bootstrap, topics.RESULTS)
     await kafka_producer.send_and_wait(topics.SHARDS, shards[7][1], key=shards[7][0])
@@ -132,27 +164,39 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
 
 
 @pytest.fixture
-def chaos_group(stack: Settings, spawn):  # type: ignore[no-untyped-def]
+def chaos_group(stack: Settings, spawn):
     """A worker group of its own whose null engine fails some items on purpose."""
     group = unique("chaos")
     asyncio.run(ensure_topics(stack.kafka_bootstrap, [group]))
     faults = "transient=0.3,permanent=0.1,seed=11"
-    proc, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="null", ENGINE_FAULTS=faults,
-                       WORKER_ID=f"{group}-0")
+    proc, port = spawn(
+        "evalstream.worker",
+        WORKER_GROUP=group,
+        WORKER_MODEL="null",
+        ENGINE_FAULTS=faults,
+        WORKER_ID=f"{group}-0",
+    )
     proc.wait_healthy(port)
     return group, faults, proc
 
 
 async def test_transient_failures_retry_and_permanent_ones_dead_letter(
-        stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer,
-        chaos_group) -> None:  # type: ignore[no-untyped-def]
+    stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer, chaos_group
+) -> None:
     group, faults, _ = chaos_group
     items = arithmetic_items(200, prefix="c")
     dataset = write_jsonl(tmp_path / "chaos.jsonl", items)
     run_id = unique("run-chaos")
     retry = RetryPolicy(max_attempts=3, base_delay_s=2.0, multiplier=2.0)
-    job = JobSpec(dataset=str(dataset), model="null", run_id=run_id, worker_group=group, retry=retry,
-                  shard_size=10, generation=GenerationParams(max_tokens=8))
+    job = JobSpec(
+        dataset=str(dataset),
+        model="null",
+        run_id=run_id,
+        worker_group=group,
+        retry=retry,
+        shard_size=10,
+        generation=GenerationParams(max_tokens=8),
+    )
     t0 = time.time()
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
 
@@ -202,7 +246,8 @@ async def test_transient_failures_retry_and_permanent_ones_dead_letter(
 
 
 async def test_success_after_redrive_replaces_recorded_failure(
-        stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer, spawn) -> None:  # type: ignore[no-untyped-def]
+    stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer, spawn
+) -> None:
     group = unique("flaky")
     await ensure_topics(stack.kafka_bootstrap, [group])
     faults = "transient=0,permanent=0.2,seed=5"
@@ -210,8 +255,13 @@ async def test_success_after_redrive_replaces_recorded_failure(
     await asyncio.to_thread(proc.wait_healthy, port)
     items = arithmetic_items(50, prefix="f")
     run_id = unique("run-redrive")
-    job = JobSpec(dataset=str(write_jsonl(tmp_path / "f.jsonl", items)), model="null", run_id=run_id,
-                  worker_group=group, shard_size=10)
+    job = JobSpec(
+        dataset=str(write_jsonl(tmp_path / "f.jsonl", items)),
+        model="null",
+        run_id=run_id,
+        worker_group=group,
+        shard_size=10,
+    )
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
 
     async def completed() -> bool:
@@ -227,8 +277,10 @@ async def test_success_after_redrive_replaces_recorded_failure(
     evalctl("dlq", "redrive", run_id)
 
     async def all_succeeded() -> bool:
-        return await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1 AND error IS NULL",
-                                 run_id) == 50
+        return (
+            await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1 AND error IS NULL", run_id)
+            == 50
+        )
 
     await wait_until(all_succeeded, 90, what="the redriven items to succeed")
     assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id) == 50
@@ -243,18 +295,29 @@ def test_parquet_in_s3_mirrors_the_database(stack: Settings, tmp_path: Path) -> 
 
     from evalstream.common import storage
 
-    summary = submit_wait(write_jsonl(tmp_path / "p.jsonl", arithmetic_items(60, prefix="p")), "--model", "null",
-                          "--shard-size", "16")
+    summary = submit_wait(
+        write_jsonl(tmp_path / "p.jsonl", arithmetic_items(60, prefix="p")),
+        "--model",
+        "null",
+        "--shard-size",
+        "16",
+    )
     s3 = storage.client(stack)
-    names = sorted(o.object_name for o in s3.list_objects(stack.s3_bucket_results,
-                                                          prefix=f"runs/{summary['run_id']}/", recursive=True))
+    names = sorted(
+        o.object_name
+        for o in s3.list_objects(stack.s3_bucket_results, prefix=f"runs/{summary['run_id']}/", recursive=True)
+    )
     parquet = [n for n in names if n.endswith(".parquet")]
     assert len(parquet) == 4 and f"runs/{summary['run_id']}/report.json" in names
     ids = []
     for n in parquet:
-        ids += pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, n))).column("item_id").to_pylist()
+        ids += (
+            pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, n)))
+            .column("item_id")
+            .to_pylist()
+        )
     assert sorted(ids) == sorted(f"p{i:05d}" for i in range(60))
-    report = json.loads(storage.get_bytes(s3, stack.s3_bucket_results, f"runs/{summary['run_id']}/report.json"))
+    report = json.loads(
+        storage.get_bytes(s3, stack.s3_bucket_results, f"runs/{summary['run_id']}/report.json")
+    )
     assert report["total"] == 60 and report["status"] == "completed"
-
-

@@ -33,8 +33,13 @@ async def test_kafka_consumer_group_commits_and_reads_back_offset(stack: Setting
                 await producer.send_and_wait(topic, f"m{i}".encode(), partition=0)
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=stack.kafka_bootstrap, group_id=group,
-                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=stack.kafka_bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
         await consumer.start()
         try:
             seen: list[bytes] = []
@@ -66,12 +71,19 @@ async def test_postgres_round_trip_through_migrated_schema(stack: Settings) -> N
     conn = await asyncpg.connect(stack.database_url)
     run_id = f"test-{uuid.uuid4().hex[:8]}"
     try:
-        versions = [r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations ORDER BY version")]
+        versions = [
+            r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations ORDER BY version")
+        ]
         assert versions[0] == "001_initial.sql"
-        await conn.execute("INSERT INTO runs (run_id, status, model, grader, spec) VALUES ($1, 'running', 'null',"
-                           " 'exact', '{}')", run_id)
-        insert = ("INSERT INTO item_results (run_id, item_id, shard_id, score) VALUES ($1, 'a', 's', $2)"
-                  " ON CONFLICT DO NOTHING")
+        await conn.execute(
+            "INSERT INTO runs (run_id, status, model, grader, spec) VALUES ($1, 'running', 'null',"
+            " 'exact', '{}')",
+            run_id,
+        )
+        insert = (
+            "INSERT INTO item_results (run_id, item_id, shard_id, score) VALUES ($1, 'a', 's', $2)"
+            " ON CONFLICT DO NOTHING"
+        )
         await conn.execute(insert, run_id, 1.0)
         await conn.execute(insert, run_id, 0.0)  # the natural key drops the duplicate
         rows = await conn.fetch("SELECT score FROM item_results WHERE run_id = $1", run_id)
@@ -86,7 +98,9 @@ def test_s3_put_list_get_with_minio_client(stack: Settings) -> None:
     name = f"tests/{uuid.uuid4().hex}/hello.json"
     body = json.dumps({"hello": "s3"}).encode()
     s3.put_object(stack.s3_bucket_results, name, io.BytesIO(body), len(body), content_type="application/json")
-    listed = [o.object_name for o in s3.list_objects(stack.s3_bucket_results, prefix=name.rsplit("/", 1)[0] + "/")]
+    listed = [
+        o.object_name for o in s3.list_objects(stack.s3_bucket_results, prefix=name.rsplit("/", 1)[0] + "/")
+    ]
     assert listed == [name]
     assert storage.get_bytes(s3, stack.s3_bucket_results, name) == body
     s3.remove_object(stack.s3_bucket_results, name)
@@ -107,4 +121,5 @@ async def test_prometheus_scrapes_every_service_as_up(stack: Settings) -> None:
             break
         await asyncio.sleep(1)
     assert {s: health.get(s) for s in ("producer", "router", "aggregator", "worker")} == dict.fromkeys(
-        ("producer", "router", "aggregator", "worker"), "up")
+        ("producer", "router", "aggregator", "worker"), "up"
+    )

@@ -20,7 +20,7 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("module", ["producer", "router", "aggregator", "worker"])
-def test_service_answers_health_and_stops_on_sigterm(stack: Settings, spawn, module: str) -> None:  # type: ignore[no-untyped-def]
+def test_service_answers_health_and_stops_on_sigterm(stack: Settings, spawn, module: str) -> None:
     # A worker of a group of its own with the null engine: no model to load, no shards taken.
     env = {"WORKER_GROUP": unique("health"), "WORKER_MODEL": "null"} if module == "worker" else {}
     proc, port = spawn(f"evalstream.{module}", **env)
@@ -34,5 +34,7 @@ def test_service_answers_health_and_stops_on_sigterm(stack: Settings, spawn, mod
     # uvicorn re-raises the signal once shutdown is complete, so the exit status says SIGTERM
     assert proc.proc.wait(60) in (0, -signal.SIGTERM)
     log = proc.log.read_text()
-    assert "FastStream app shut down gracefully" in log and "Application shutdown complete" in log, log[-2000:]
+    assert "FastStream app shut down gracefully" in log and "Application shutdown complete" in log, log[
+        -2000:
+    ]
     assert "Traceback" not in log, log[-2000:]

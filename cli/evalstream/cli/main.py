@@ -23,7 +23,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import storage, topics
 from evalstream.common.lag import group_lag, topic_partitions
-from evalstream.common.messages import GenerationParams, Heartbeat, JobSpec, RetryPolicy, Shard, decode, encode
+from evalstream.common.messages import (
+    GenerationParams,
+    Heartbeat,
+    JobSpec,
+    RetryPolicy,
+    Shard,
+    decode,
+    encode,
+)
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 from evalstream.common.specs import DEFAULT_MODEL, GRADER_NAMES
@@ -54,11 +62,17 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror}", EXIT_REJECTED)
     job = JobSpec(
-        dataset="(pending upload)", model=args.model, grader=args.grader,
+        dataset="(pending upload)",
+        model=args.model,
+        grader=args.grader,
         generation=GenerationParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed),
-        prompt_template=args.prompt_template, system_prompt=args.system_prompt, shard_size=args.shard_size,
-        retry=RetryPolicy(max_attempts=args.max_attempts), name=args.name or path.name,
-        worker_group=args.worker_group, sla_fallback=args.sla_fallback,
+        prompt_template=args.prompt_template,
+        system_prompt=args.system_prompt,
+        shard_size=args.shard_size,
+        retry=RetryPolicy(max_attempts=args.max_attempts),
+        name=args.name or path.name,
+        worker_group=args.worker_group,
+        sla_fallback=args.sla_fallback,
     )
     # Validate here first: the user hears about a bad line in a second, and nothing is uploaded.
     problems = [str(p) for p in job_problems(job)]
@@ -67,16 +81,22 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
     if problems:
-        shown = "\n  ".join(problems[:30]) + (f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else "")
+        shown = "\n  ".join(problems[:30]) + (
+            f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
+        )
         fail(f"rejected {path}: {len(problems)} problem(s)\n  {shown}", EXIT_REJECTED)
     for w in loaded.warnings:
         print(f"evalctl: warning: {w}", file=sys.stderr)
     key = f"uploads/{loaded.sha256}/{path.name}"
     s3 = storage.client(settings)
-    await asyncio.to_thread(storage.put_bytes, s3, settings.s3_bucket_datasets, key, data, "application/octet-stream")
+    await asyncio.to_thread(
+        storage.put_bytes, s3, settings.s3_bucket_datasets, key, data, "application/octet-stream"
+    )
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     job = msgspec.structs.replace(job, dataset=f"s3://{settings.s3_bucket_datasets}/{key}", run_id=run_id)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
+    )
     await producer.start()
     try:
         await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
@@ -96,7 +116,9 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
         print_report(summary)
 
 
-async def wait_for_run(settings: Settings, run_id: str, *, timeout: float | None, quiet: bool) -> dict[str, Any]:
+async def wait_for_run(
+    settings: Settings, run_id: str, *, timeout: float | None, quiet: bool
+) -> dict[str, Any]:
     conn = await asyncpg.connect(settings.database_url)
     bar = ProgressBar(run_id)
     deadline = time.monotonic() + timeout if timeout else None
@@ -105,22 +127,32 @@ async def wait_for_run(settings: Settings, run_id: str, *, timeout: float | None
             row = await conn.fetchrow(
                 "SELECT status, total, problems, (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id) AS done,"
                 " (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id AND error IS NOT NULL) AS failed"
-                " FROM runs r WHERE run_id = $1", run_id)
+                " FROM runs r WHERE run_id = $1",
+                run_id,
+            )
             if row is not None and row["status"] == "rejected":
                 bar.close()
                 problems = json.loads(row["problems"] or "[]")
                 lines = "\n  ".join(_problem_text(p) for p in problems[:30])
-                fail(f"run {run_id} rejected by the producer: {len(problems)} problem(s)\n  {lines}", EXIT_REJECTED)
+                fail(
+                    f"run {run_id} rejected by the producer: {len(problems)} problem(s)\n  {lines}",
+                    EXIT_REJECTED,
+                )
             if row is not None and row["status"] == "completed":
                 bar.update(row["done"], row["total"], f"failed {row['failed']}")
                 bar.close()
                 return await summarise(conn, run_id)
             status = row["status"] if row else "queued"
-            bar.update(row["done"] if row else 0, row["total"] if row else None,
-                       f"{status}, failed {row['failed']}" if row else "waiting for the producer")
+            bar.update(
+                row["done"] if row else 0,
+                row["total"] if row else None,
+                f"{status}, failed {row['failed']}" if row else "waiting for the producer",
+            )
             if deadline and time.monotonic() > deadline:
                 bar.close()
-                fail(f"run {run_id} did not finish within {timeout:.0f}s (it goes on; see `evalctl status {run_id}`)")
+                fail(
+                    f"run {run_id} did not finish within {timeout:.0f}s (it goes on; see `evalctl status {run_id}`)"
+                )
             await asyncio.sleep(0.5)
     finally:
         await conn.close()
@@ -149,7 +181,9 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
         agg = await conn.fetchrow(
             "SELECT count(*) AS done, count(*) FILTER (WHERE error IS NOT NULL) AS failed,"
             " count(*) FILTER (WHERE attempts > 1) AS retried, count(*) FILTER (WHERE cache_hit) AS cache_hits,"
-            " min(recorded_at) AS first, max(recorded_at) AS last FROM item_results WHERE run_id = $1", args.run)
+            " min(recorded_at) AS first, max(recorded_at) AS last FROM item_results WHERE run_id = $1",
+            args.run,
+        )
         dead = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE run_id = $1", args.run)
     finally:
         await conn.close()
@@ -157,9 +191,16 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
     elapsed = ((agg["last"] if run["status"] == "completed" else None) or _now(start)) - start
     secs = max(elapsed.total_seconds(), 1e-9)
     status = {
-        "run_id": args.run, "name": run["name"], "status": run["status"], "model": run["model"],
-        "total": run["total"], "done": agg["done"], "failed": agg["failed"], "retried": agg["retried"],
-        "cache_hits": agg["cache_hits"], "dead_letters": dead,
+        "run_id": args.run,
+        "name": run["name"],
+        "status": run["status"],
+        "model": run["model"],
+        "total": run["total"],
+        "done": agg["done"],
+        "failed": agg["failed"],
+        "retried": agg["retried"],
+        "cache_hits": agg["cache_hits"],
+        "dead_letters": dead,
         "pending": (run["total"] - agg["done"]) if run["total"] is not None else None,
         "items_per_s": round(agg["done"] / secs, 3) if agg["done"] else 0.0,
         "elapsed_s": round(secs, 1),
@@ -179,8 +220,18 @@ def _now(like: Any) -> Any:
     return datetime.now(like.tzinfo)
 
 
-RESULT_FIELDS = ("item_id", "response", "extracted", "correct", "score", "error", "attempts", "cache_hit",
-                 "latency_ms", "served_by")
+RESULT_FIELDS = (
+    "item_id",
+    "response",
+    "extracted",
+    "correct",
+    "score",
+    "error",
+    "attempts",
+    "cache_hit",
+    "latency_ms",
+    "served_by",
+)
 
 
 async def cmd_results(args: argparse.Namespace, settings: Settings) -> None:
@@ -189,7 +240,8 @@ async def cmd_results(args: argparse.Namespace, settings: Settings) -> None:
         await _run_row(conn, args.run)
         rows = await conn.fetch(
             f"SELECT {', '.join(RESULT_FIELDS)}, category FROM item_results WHERE run_id = $1 ORDER BY item_id",
-            args.run)
+            args.run,
+        )
     finally:
         await conn.close()
     records = [dict(r) for r in rows]
@@ -233,26 +285,39 @@ def print_report(s: dict[str, Any]) -> None:
     lat = s["latency_ms"]
     print(f"run {s['run_id']} ({s['name']}): {s['status']}")
     print(f"  model {s['model']}   grader {s['grader']}")
-    print(f"  items {s['total']}: {s['succeeded']} answered, {s['failed']} failed, {s['cache_hits']} from cache")
-    print(f"  accuracy {acc}" + (f" (answered only: {s['accuracy_answered']:.1%})" if s["accuracy_answered"] is not None else ""))
+    print(
+        f"  items {s['total']}: {s['succeeded']} answered, {s['failed']} failed, {s['cache_hits']} from cache"
+    )
+    print(
+        f"  accuracy {acc}"
+        + (f" (answered only: {s['accuracy_answered']:.1%})" if s["accuracy_answered"] is not None else "")
+    )
     if lat["p50"] is not None:
-        print(f"  latency ms p50 {lat['p50']:.0f}  p95 {lat['p95']:.0f}  p99 {lat['p99']:.0f}   "
-              f"throughput {s['items_per_s']} items/s")
+        print(
+            f"  latency ms p50 {lat['p50']:.0f}  p95 {lat['p95']:.0f}  p99 {lat['p99']:.0f}   "
+            f"throughput {s['items_per_s']} items/s"
+        )
     for title, key in (("category", "by_category"), ("served by", "by_served_by")):
         if s[key]:
             print(f"  by {title}:")
             for name, b in s[key].items():
-                print(f"    {name:<32} {b['total']:>6} items  accuracy {b['accuracy']:.1%}  failed {b['failed']}")
+                print(
+                    f"    {name:<32} {b['total']:>6} items  accuracy {b['accuracy']:.1%}  failed {b['failed']}"
+                )
     print(f"  dataset {s['dataset_sha256']}  manifest {s['manifest_sha256']}")
 
 
 def render_html(s: dict[str, Any]) -> str:
     import html
 
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
-                   for k, v in s.items())
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>evalstream {html.escape(s['run_id'])}</title>"
-            f"</head><body><h1>Run {html.escape(s['run_id'])}</h1><table>{rows}</table></body></html>")
+    rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
+        for k, v in s.items()
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>evalstream {html.escape(s['run_id'])}</title>"
+        f"</head><body><h1>Run {html.escape(s['run_id'])}</h1><table>{rows}</table></body></html>"
+    )
 
 
 # --------------------------------------------------------------------------- dead letters
@@ -265,11 +330,19 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> None:
         if args.dlq_cmd == "list":
             rows = await conn.fetch(
                 "SELECT id, item_id, original_topic, error, headers, created_at, redriven_at FROM dead_letters"
-                " WHERE run_id = $1 ORDER BY id", args.run)
+                " WHERE run_id = $1 ORDER BY id",
+                args.run,
+            )
             for r in rows:
-                rec = {"id": r["id"], "item_id": r["item_id"], "original_topic": r["original_topic"],
-                       "error": r["error"], "attempts": json.loads(r["headers"]).get("x-attempts"),
-                       "created_at": r["created_at"], "redriven_at": r["redriven_at"]}
+                rec = {
+                    "id": r["id"],
+                    "item_id": r["item_id"],
+                    "original_topic": r["original_topic"],
+                    "error": r["error"],
+                    "attempts": json.loads(r["headers"]).get("x-attempts"),
+                    "created_at": r["created_at"],
+                    "redriven_at": r["redriven_at"],
+                }
                 print(json.dumps(rec, default=str))
             print(f"{len(rows)} dead letter(s)", file=sys.stderr)
             return
@@ -281,9 +354,12 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> None:
 async def redrive(conn: asyncpg.Connection, settings: Settings, run_id: str) -> int:
     """Puts the run's dead letters that carry items back on eval.shards with fresh attempts.
     Their recorded failures stay until a success replaces them."""
-    rows = await conn.fetch("SELECT id, payload FROM dead_letters WHERE run_id = $1 AND redriven_at IS NULL"
-                            " ORDER BY id", run_id)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True)
+    rows = await conn.fetch(
+        "SELECT id, payload FROM dead_letters WHERE run_id = $1 AND redriven_at IS NULL ORDER BY id", run_id
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
+    )
     await producer.start()
     sent = []
     try:
@@ -306,7 +382,9 @@ async def redrive(conn: asyncpg.Connection, settings: Settings, run_id: str) -> 
 
 
 async def read_heartbeats(bootstrap: str) -> list[Heartbeat]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     await consumer.start()
     latest: dict[str, Heartbeat] = {}
     try:
@@ -336,15 +414,27 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
     now = time.time()
     groups: dict[str, dict[str, Any]] = {}
     for hb in beats:
-        g = groups.setdefault(hb.group, {"group": hb.group, "model": hb.model, "members": [], "healthy": 0})
-        live = now - hb.ts < 15 and hb.status != "stopped"
-        g["healthy"] += live
-        g["members"].append({"worker_id": hb.worker_id, "status": hb.status if live else "stale", "device": hb.device,
-                             "gpu_utilization": hb.gpu_utilization, "cpu_utilization": hb.cpu_utilization,
-                             "p95_ms": hb.latency_p95_ms, "queue_depth": hb.queue_depth, "age_s": round(now - hb.ts, 1)})
+        g: dict[str, Any] = groups.setdefault(
+            hb.group, {"group": hb.group, "model": hb.model, "members": [], "healthy": 0}
+        )
+        is_live = now - hb.ts < 15 and hb.status != "stopped"
+        g["healthy"] += is_live
+        g["members"].append(
+            {
+                "worker_id": hb.worker_id,
+                "status": hb.status if is_live else "stale",
+                "device": hb.device,
+                "gpu_utilization": hb.gpu_utilization,
+                "cpu_utilization": hb.cpu_utilization,
+                "p95_ms": hb.latency_p95_ms,
+                "queue_depth": hb.queue_depth,
+                "age_s": round(now - hb.ts, 1),
+            }
+        )
     for g in groups.values():
-        lag = await group_lag(settings.kafka_bootstrap, topics.worker_consumer_group(g["group"]),
-                              topics.work_topic(g["group"]))
+        lag = await group_lag(
+            settings.kafka_bootstrap, topics.worker_consumer_group(g["group"]), topics.work_topic(g["group"])
+        )
         g["lag"] = sum(lag.values())
         live = [m for m in g["members"] if m["status"] != "stale"]
         g["p95_ms"] = max((m["p95_ms"] for m in live), default=None)
@@ -357,38 +447,69 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
     for g in groups.values():
         gpu = f"{100 * g['gpu_utilization']:.0f}" if g["gpu_utilization"] is not None else "-"
         p95 = f"{g['p95_ms']:.0f}" if g["p95_ms"] is not None else "-"
-        print(f"{g['group']:<16} {g['model']:<40} {g['healthy']:>3}/{len(g['members']):<3} {g['lag']:>6} {gpu:>5} {p95:>8}")
+        print(
+            f"{g['group']:<16} {g['model']:<40} {g['healthy']:>3}/{len(g['members']):<3} {g['lag']:>6} {gpu:>5} {p95:>8}"
+        )
         for m in g["members"]:
-            print(f"    {m['worker_id']:<24} {m['status']:<8} {m['device']:<24} queue {m['queue_depth']}  age {m['age_s']}s")
+            print(
+                f"    {m['worker_id']:<24} {m['status']:<8} {m['device']:<24} queue {m['queue_depth']}  age {m['age_s']}s"
+            )
 
 
 # --------------------------------------------------------------------------- main
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="evalctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="evalctl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("submit", help="validate a dataset, upload it and start a run",
-                       description="Validate DATASET completely (nothing is uploaded if any line is bad), upload it, "
-                                   "and publish the job. Exit code 2 when the dataset or job is rejected.")
-    s.add_argument("dataset", help="JSONL, Parquet or CSV file (id, question|prompt|messages, answer, ...) or HumanEval JSONL")
-    s.add_argument("--model", default=DEFAULT_MODEL, help=f"model SPEC (default {DEFAULT_MODEL}): hf:<dir|file.gguf|name>, "
-                                                         "openai:<model>@<url>, replay:<file.jsonl>, null")
-    s.add_argument("--grader", default="auto", choices=GRADER_NAMES, help="how answers are graded (default auto: per item)")
+    s = sub.add_parser(
+        "submit",
+        help="validate a dataset, upload it and start a run",
+        description="Validate DATASET completely (nothing is uploaded if any line is bad), upload it, "
+        "and publish the job. Exit code 2 when the dataset or job is rejected.",
+    )
+    s.add_argument(
+        "dataset",
+        help="JSONL, Parquet or CSV file (id, question|prompt|messages, answer, ...) or HumanEval JSONL",
+    )
+    s.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"model SPEC (default {DEFAULT_MODEL}): hf:<dir|file.gguf|name>, "
+        "openai:<model>@<url>, replay:<file.jsonl>, null",
+    )
+    s.add_argument(
+        "--grader",
+        default="auto",
+        choices=GRADER_NAMES,
+        help="how answers are graded (default auto: per item)",
+    )
     s.add_argument("--max-tokens", type=int, default=256, help="maximum new tokens per answer (default 256)")
-    s.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, cacheable)")
+    s.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, cacheable)"
+    )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--shard-size", type=int, default=32, help="items per shard (default 32)")
-    s.add_argument("--max-attempts", type=int, default=3, help="tries per item before it is dead-lettered (default 3)")
-    s.add_argument("--prompt-template", help="template with {question} (and {choices}); default depends on the grader")
+    s.add_argument(
+        "--max-attempts", type=int, default=3, help="tries per item before it is dead-lettered (default 3)"
+    )
+    s.add_argument(
+        "--prompt-template", help="template with {question} (and {choices}); default depends on the grader"
+    )
     s.add_argument("--system-prompt")
     s.add_argument("--worker-group", help="pin the run to one worker group")
-    s.add_argument("--sla-fallback", action="store_true", help="allow a lighter model when the SLA is violated")
+    s.add_argument(
+        "--sla-fallback", action="store_true", help="allow a lighter model when the SLA is violated"
+    )
     s.add_argument("--name", help="a name for the run (default: the file name)")
     s.add_argument("--wait", action="store_true", help="show progress until the run ends, then the report")
     s.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
-    s.add_argument("--json", action="store_true", help="last stdout line: the run summary (or submission) as JSON")
+    s.add_argument(
+        "--json", action="store_true", help="last stdout line: the run summary (or submission) as JSON"
+    )
 
     st = sub.add_parser("status", help="progress, throughput, failures and retries of a run")
     st.add_argument("run")
@@ -406,7 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("dlq", help="dead letters of a run")
     dsub = d.add_subparsers(dest="dlq_cmd", required=True)
-    for name, text in (("list", "list the run's dead letters"), ("redrive", "put the run's dead letters back")):
+    for name, text in (
+        ("list", "list the run's dead letters"),
+        ("redrive", "put the run's dead letters back"),
+    ):
         p = dsub.add_parser(name, help=text)
         p.add_argument("run")
 
@@ -415,8 +539,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-COMMANDS = {"submit": cmd_submit, "status": cmd_status, "results": cmd_results, "report": cmd_report,
-            "dlq": cmd_dlq, "workers": cmd_workers}
+COMMANDS = {
+    "submit": cmd_submit,
+    "status": cmd_status,
+    "results": cmd_results,
+    "report": cmd_report,
+    "dlq": cmd_dlq,
+    "workers": cmd_workers,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ import time
 
 
 class ProgressBar:
-    def __init__(self, label: str, *, width: int = 30, stream=sys.stderr) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, label: str, *, width: int = 30, stream=sys.stderr) -> None:
         self.label = label
         self.width = width
         self.stream = stream

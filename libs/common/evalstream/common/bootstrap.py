@@ -41,13 +41,17 @@ async def bootstrap(settings: Settings, groups: list[str]) -> None:
     topics = await ensure_topics(settings.kafka_bootstrap, groups)
     buckets = await asyncio.to_thread(storage.ensure_buckets, settings)
     applied = await db.migrate(settings.database_url)
-    print(f"bootstrap: topics created {topics or 'none'}; buckets created {buckets or 'none'}; "
-          f"migrations applied {applied or 'none'}")
+    print(
+        f"bootstrap: topics created {topics or 'none'}; buckets created {buckets or 'none'}; "
+        f"migrations applied {applied or 'none'}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--groups", default=",".join(default_groups()), help="worker groups to make work topics for")
+    ap.add_argument(
+        "--groups", default=",".join(default_groups()), help="worker groups to make work topics for"
+    )
     args = ap.parse_args()
     asyncio.run(bootstrap(Settings.from_env(), [g for g in args.groups.split(",") if g]))
 

@@ -12,7 +12,11 @@ _MIGRATION_LOCK = 0x65766C73  # "evls"
 
 def migrations() -> list[tuple[int, str, str]]:
     files = sorted(
-        (f for f in resources.files("evalstream.common").joinpath("migrations").iterdir() if f.name.endswith(".sql")),
+        (
+            f
+            for f in resources.files("evalstream.common").joinpath("migrations").iterdir()
+            if f.name.endswith(".sql")
+        ),
         key=lambda f: f.name,
     )
     return [(int(f.name.split("_", 1)[0]), f.name, f.read_text()) for f in files]
@@ -34,7 +38,9 @@ async def migrate(dsn: str) -> list[str]:
                 continue
             async with conn.transaction():
                 await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name
+                )
             applied.append(name)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)

@@ -136,6 +136,9 @@ class ShardResult(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
 
 
+WorkerStatus = Literal["starting", "ready", "draining", "stopped"]
+
+
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     """Published to the compacted eval.heartbeats topic, keyed by worker_id."""
 
@@ -155,7 +158,7 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     latency_p95_ms: float = 0.0
     tokens_per_s: float = 0.0
     error_rate: float = 0.0
-    status: Literal["starting", "ready", "draining", "stopped"] = "ready"
+    status: WorkerStatus = "ready"
     schema_version: int = SCHEMA_VERSION
 
 

@@ -20,9 +20,7 @@ STAGE_LATENCY = Histogram(
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
-DEAD_LETTERED = Counter(
-    "evalstream_dead_letters_total", "Messages sent to eval.dlq", ["topic", "reason"]
-)
+DEAD_LETTERED = Counter("evalstream_dead_letters_total", "Messages sent to eval.dlq", ["topic", "reason"])
 SHARDS = Counter("evalstream_shards_total", "Shards handled", ["service", "outcome"])
 RUNS = Counter("evalstream_runs_total", "Runs by outcome (accepted, rejected, completed)", ["outcome"])
 TOKENS = Counter("evalstream_tokens_total", "Tokens processed", ["direction"])
@@ -30,7 +28,9 @@ BATCH_SIZE = Histogram(
     "evalstream_batch_size", "Items per engine batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)
 )
 PADDING_RATIO = Histogram(
-    "evalstream_batch_padding_ratio", "Share of padded positions per batch", buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+    "evalstream_batch_padding_ratio",
+    "Share of padded positions per batch",
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75),
 )
 ENGINE_BUSY = Gauge("evalstream_engine_busy_ratio", "Share of the last interval the engine was generating")
 GPU_UTILIZATION = Gauge("evalstream_gpu_utilization_ratio", "GPU utilisation 0..1 (NVML)", ["device"])
@@ -38,6 +38,8 @@ GPU_MEMORY_USED = Gauge("evalstream_gpu_memory_used_bytes", "GPU memory used (NV
 GPU_MEMORY_FREE = Gauge("evalstream_gpu_memory_free_bytes", "GPU memory free (NVML)", ["device"])
 GPU_TEMPERATURE = Gauge("evalstream_gpu_temperature_celsius", "GPU temperature (NVML)", ["device"])
 GPU_POWER = Gauge("evalstream_gpu_power_watts", "GPU power draw (NVML)", ["device"])
-CPU_UTILIZATION = Gauge("evalstream_cpu_utilization_ratio", "Host CPU utilisation 0..1 (fallback without GPU)")
+CPU_UTILIZATION = Gauge(
+    "evalstream_cpu_utilization_ratio", "Host CPU utilisation 0..1 (fallback without GPU)"
+)
 RUN_PROGRESS = Gauge("evalstream_run_progress_ratio", "Share of a run's items with a result", ["run_id"])
 CONSUMER_LAG = Gauge("evalstream_consumer_lag", "Committed vs end offset", ["group", "topic", "partition"])

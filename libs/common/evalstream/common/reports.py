@@ -54,8 +54,10 @@ async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dic
     breakdown = {}
     for col in ("category", "served_by"):
         rows = await conn.fetch(_BREAKDOWN.format(col=col), run_id)
-        breakdown[col] = {r["key"]: {"total": r["n"], "accuracy": _ratio(r["score_sum"], r["n"]), "failed": r["failed"]}
-                          for r in rows}
+        breakdown[col] = {
+            r["key"]: {"total": r["n"], "accuracy": _ratio(r["score_sum"], r["n"]), "failed": r["failed"]}
+            for r in rows
+        }
     total = run["total"] or 0
     started = run["published_at"] or run["created_at"]
     elapsed = (t["last_recorded"] - started).total_seconds() if t["last_recorded"] and started else 0.0

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import uvicorn
 from aiokafka import ConsumerRecord
@@ -47,6 +47,18 @@ def make_broker(settings: Settings, service: str, *, graceful_timeout: float = 3
 
 
 ReadyCheck = Callable[[], Awaitable[bool]]
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
+
+
+def record_of(msg: Any) -> Record:
+    """The raw Kafka record behind a FastStream message (we decode bodies ourselves, so
+    that an undecodable one becomes a dead letter instead of a handler error)."""
+    return cast(Record, msg.raw_message)
+
+
+def records_of(msg: Any) -> tuple[Record, ...]:
+    """The raw records behind a FastStream batch message."""
+    return cast(tuple[Record, ...], msg.raw_message)
 
 
 def make_app(
@@ -79,7 +91,7 @@ def make_app(
 
     return AsgiFastStream(
         broker,
-        lifespan=lifespan,  # type: ignore[arg-type]
+        lifespan=lifespan,
         after_startup=after_startup,
         on_shutdown=on_shutdown,
         asgi_routes=[

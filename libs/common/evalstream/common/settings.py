@@ -50,6 +50,9 @@ SERVICE_PORTS: dict[str, int] = {
 }
 
 
+_CONVERTERS: dict[str, type] = {"str": str, "int": int, "float": float}
+
+
 def _env(name: str) -> str:
     return os.environ.get(name, DEFAULTS[name])
 
@@ -88,9 +91,9 @@ class Settings:
         values: dict[str, object] = {}
         for f in fields(cls):
             raw = _env(f.name.upper())
-            kind = type(f.default)
+            convert = _CONVERTERS[str(f.type)]
             try:
-                values[f.name] = kind(raw)
+                values[f.name] = convert(raw)
             except ValueError as exc:
                 raise ValueError(f"environment variable {f.name.upper()}={raw!r}: {exc}") from exc
         return cls(**values)  # type: ignore[arg-type]

@@ -7,44 +7,51 @@ then completion of the runs that have every result; only then are offsets commit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 import msgspec
-from aiokafka import ConsumerRecord
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
+from evalstream.aggregator import objects
+from evalstream.aggregator.store import DeadLetterRecord, ResultStore
 from evalstream.common import db, service, storage, topics
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import ItemResult, Shard, ShardResult, decode
 from evalstream.common.metrics import ITEMS, RUN_PROGRESS, RUNS
-from evalstream.common.settings import Settings
-from evalstream.aggregator import objects
 from evalstream.common.reports import summarise
-from evalstream.aggregator.store import DeadLetterRecord, ResultStore
+from evalstream.common.settings import Settings
 
 log = logging.getLogger("evalstream.aggregator")
 settings = Settings.from_env()
 broker = service.make_broker(settings, "aggregator")
 state: dict[str, Any] = {}
-_consumer = {"batch": True, "max_records": 200, "batch_timeout_ms": 200, "auto_offset_reset": "earliest",
-             "ack_policy": AckPolicy.NACK_ON_ERROR, "max_poll_interval_ms": 30 * 60 * 1000}
+_consumer = {
+    "batch": True,
+    "max_records": 200,
+    "batch_timeout_ms": 200,
+    "auto_offset_reset": "earliest",
+    "ack_policy": AckPolicy.NACK_ON_ERROR,
+    "max_poll_interval_ms": 30 * 60 * 1000,
+}
 
 
 @broker.subscriber(topics.RESULTS, group_id=topics.AGGREGATOR_GROUP, **_consumer)  # type: ignore[call-overload]
 async def on_results(msg: KafkaMessage) -> None:
-    records: Sequence[ConsumerRecord[bytes, bytes]] = msg.raw_message  # type: ignore[assignment]
+    records = service.records_of(msg)
     results: list[ItemResult] = []
     for record in records:
         try:
             results.extend(decode(record.value or b"", ShardResult).results)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await service.dead_letter(broker, record.value or b"", service.dead_letter_headers(record, exc),
-                                      key=record.key)
+            await service.dead_letter(
+                broker, record.value or b"", service.dead_letter_headers(record, exc), key=record.key
+            )
     known = await store().known_runs(r.run_id for r in results)
     unknown = [r for r in results if r.run_id not in known]
     if unknown:
@@ -60,29 +67,48 @@ async def on_results(msg: KafkaMessage) -> None:
 async def on_dead_letters(msg: KafkaMessage) -> None:
     """Every dead letter is recorded; one that carries items of a known run becomes their
     failed results, so the run still completes."""
-    records: Sequence[ConsumerRecord[bytes, bytes]] = msg.raw_message  # type: ignore[assignment]
+    records = service.records_of(msg)
     letters, failures = [], []
     for record in records:
         headers = {k: v.decode(errors="replace") for k, v in record.headers}
         shard: Shard | None = None
-        try:
+        # poison from some topic is recorded too, but it belongs to no item
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
             shard = decode(record.value or b"", Shard)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            pass  # poison from some topic: recorded, attributable to no item
         error = headers.get(H.ERROR, "dead-lettered")
-        letters.append(DeadLetterRecord(
-            run_id=headers.get(H.RUN_ID) or (shard.run_id if shard else None),
-            item_id=headers.get(H.ITEM_ID) or (shard.items[0].id if shard and len(shard.items) == 1 else None),
-            original_topic=headers.get(H.ORIGINAL_TOPIC), original_partition=_int(headers.get(H.ORIGINAL_PARTITION)),
-            original_offset=_int(headers.get(H.ORIGINAL_OFFSET)), dlq_partition=record.partition,
-            dlq_offset=record.offset, error=error, headers=headers, payload=record.value or b"",
-        ))
+        letters.append(
+            DeadLetterRecord(
+                run_id=headers.get(H.RUN_ID) or (shard.run_id if shard else None),
+                item_id=headers.get(H.ITEM_ID)
+                or (shard.items[0].id if shard and len(shard.items) == 1 else None),
+                original_topic=headers.get(H.ORIGINAL_TOPIC),
+                original_partition=_int(headers.get(H.ORIGINAL_PARTITION)),
+                original_offset=_int(headers.get(H.ORIGINAL_OFFSET)),
+                dlq_partition=record.partition,
+                dlq_offset=record.offset,
+                error=error,
+                headers=headers,
+                payload=record.value or b"",
+            )
+        )
         if shard is not None:
             attempts = _int(headers.get(H.ATTEMPTS)) or shard.attempt
-            failures += [ItemResult(run_id=shard.run_id, item_id=item.id, shard_id=shard.shard_id, response=None,
-                                    extracted=None, correct=None, score=0.0, error=error, attempts=attempts,
-                                    served_by=shard.routed_to or "", category=item.category)
-                         for item in shard.items]
+            failures += [
+                ItemResult(
+                    run_id=shard.run_id,
+                    item_id=item.id,
+                    shard_id=shard.shard_id,
+                    response=None,
+                    extracted=None,
+                    correct=None,
+                    score=0.0,
+                    error=error,
+                    attempts=attempts,
+                    served_by=shard.routed_to or "",
+                    category=item.category,
+                )
+                for item in shard.items
+            ]
     known = await store().known_runs(f.run_id for f in failures)
     failures = [f for f in failures if f.run_id in known]
     await store().write([], failures, letters)
@@ -117,9 +143,13 @@ async def maybe_complete(run_id: str) -> None:
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "UPDATE runs SET status = 'completed', completed_at = coalesce(completed_at, now()), updated_at = now()"
-            " WHERE run_id = $1", run_id)
+            " WHERE run_id = $1",
+            run_id,
+        )
         summary = await summarise(conn, run_id)
-        await conn.execute("UPDATE runs SET summary = $2 WHERE run_id = $1", run_id, msgspec.json.encode(summary).decode())
+        await conn.execute(
+            "UPDATE runs SET summary = $2 WHERE run_id = $1", run_id, msgspec.json.encode(summary).decode()
+        )
     await asyncio.to_thread(objects.write_report, state["s3"], settings.s3_bucket_results, run_id, summary)
     if status != "completed":
         RUNS.labels(outcome="completed").inc()
@@ -127,7 +157,8 @@ async def maybe_complete(run_id: str) -> None:
 
 
 def store() -> ResultStore:
-    return state["store"]  # type: ignore[no-any-return]
+    store: ResultStore = state["store"]
+    return store
 
 
 @asynccontextmanager

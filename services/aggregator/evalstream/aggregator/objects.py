@@ -16,13 +16,26 @@ from minio import Minio
 from evalstream.common import storage
 from evalstream.common.keys import shard_object_name
 
-SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("item_id", pa.string()), ("shard_id", pa.string()), ("response", pa.string()),
-    ("extracted", pa.string()), ("correct", pa.bool_()), ("score", pa.float64()), ("error", pa.string()),
-    ("attempts", pa.int32()), ("cache_hit", pa.bool_()), ("latency_ms", pa.float64()), ("served_by", pa.string()),
-    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()), ("truncated", pa.bool_()),
-    ("category", pa.string()),
-])
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("item_id", pa.string()),
+        ("shard_id", pa.string()),
+        ("response", pa.string()),
+        ("extracted", pa.string()),
+        ("correct", pa.bool_()),
+        ("score", pa.float64()),
+        ("error", pa.string()),
+        ("attempts", pa.int32()),
+        ("cache_hit", pa.bool_()),
+        ("latency_ms", pa.float64()),
+        ("served_by", pa.string()),
+        ("prompt_tokens", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("truncated", pa.bool_()),
+        ("category", pa.string()),
+    ]
+)
 
 
 def rows_to_parquet(rows: list[asyncpg.Record] | list[dict[str, Any]]) -> bytes:
@@ -41,5 +54,7 @@ def write_shard(s3: Minio, bucket: str, run_id: str, shard_id: str, rows: list[a
 
 def write_report(s3: Minio, bucket: str, run_id: str, summary: dict[str, Any]) -> str:
     name = f"runs/{run_id}/report.json"
-    storage.put_bytes(s3, bucket, name, json.dumps(summary, indent=2, sort_keys=True).encode(), "application/json")
+    storage.put_bytes(
+        s3, bucket, name, json.dumps(summary, indent=2, sort_keys=True).encode(), "application/json"
+    )
     return name

@@ -23,20 +23,25 @@ broker = service.make_broker(settings, "producer")
 state: dict[str, Intake] = {}
 
 
-@broker.subscriber(topics.JOBS, group_id=topics.PRODUCER_GROUP, auto_offset_reset="earliest",
-                   ack_policy=AckPolicy.NACK_ON_ERROR, max_poll_interval_ms=30 * 60 * 1000)
+@broker.subscriber(
+    topics.JOBS,
+    group_id=topics.PRODUCER_GROUP,
+    auto_offset_reset="earliest",
+    ack_policy=AckPolicy.NACK_ON_ERROR,
+    max_poll_interval_ms=30 * 60 * 1000,
+)
 async def on_job(msg: KafkaMessage) -> None:
-    record = msg.raw_message
-    raw: bytes = record.value or b""  # type: ignore[union-attr]
+    record = service.record_of(msg)
+    raw: bytes = record.value or b""
     try:
         job = decode(raw, JobSpec)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         # Garbage on eval.jobs never stops the producer: it becomes a dead letter.
-        log.warning("undecodable job at %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc)  # type: ignore[union-attr]
-        await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)  # type: ignore[arg-type]
+        log.warning("undecodable job at %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc)
+        await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)
         RUNS.labels(outcome="undecodable").inc()
         return
-    run_id = job.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)  # type: ignore[union-attr]
+    run_id = job.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)
 
     async def publish(payload: bytes, key: str) -> None:
         await broker.publish(payload, topics.SHARDS, key=key.encode())

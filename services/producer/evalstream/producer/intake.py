@@ -37,24 +37,36 @@ class Rejection:
     problems: list[Problem]
 
     def as_json(self) -> str:
-        return json.dumps([msgspec.to_builtins(p) if isinstance(p, msgspec.Struct) else p.__dict__
-                           for p in self.problems])
+        return json.dumps(
+            [msgspec.to_builtins(p) if isinstance(p, msgspec.Struct) else p.__dict__ for p in self.problems]
+        )
 
 
 def job_problems(job: JobSpec) -> list[Problem]:
     """Everything wrong with the job apart from its dataset."""
-    out = [Problem(line=None, field=f, message=m) for f, m in (
-        ("model", spec_problem(job.model)),
-        ("grader", grader_problem(job.grader)),
-    ) if m]
+    out = [
+        Problem(line=None, field=f, message=m)
+        for f, m in (
+            ("model", spec_problem(job.model)),
+            ("grader", grader_problem(job.grader)),
+        )
+        if m
+    ]
     out += [Problem(line=None, field="generation", message=m) for m in job.generation.problems()]
     if not 1 <= job.shard_size <= MAX_SHARD_SIZE:
-        out.append(Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}"))
+        out.append(
+            Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}")
+        )
     if not 1 <= job.retry.max_attempts <= 20:
         out.append(Problem(line=None, field="retry.max_attempts", message="max_attempts must be in 1..20"))
-    if job.prompt_template is not None and "{question}" not in job.prompt_template \
-            and "{prompt}" not in job.prompt_template:
-        out.append(Problem(line=None, field="prompt_template", message="template has no {question} placeholder"))
+    if (
+        job.prompt_template is not None
+        and "{question}" not in job.prompt_template
+        and "{prompt}" not in job.prompt_template
+    ):
+        out.append(
+            Problem(line=None, field="prompt_template", message="template has no {question} placeholder")
+        )
     return out
 
 
@@ -69,10 +81,21 @@ def read_dataset(uri: str, s3: Minio) -> tuple[bytes, str]:
 def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
     chunks = [items[i : i + job.shard_size] for i in range(0, len(items), job.shard_size)]
     return [
-        Shard(run_id=run_id, shard_id=keys.shard_id(run_id, i), shard_index=i, shard_count=len(chunks),
-              model=job.model, grader=job.grader, generation=job.generation, items=chunk,
-              prompt_template=job.prompt_template, system_prompt=job.system_prompt, retry=job.retry,
-              worker_group=job.worker_group, sla_fallback=job.sla_fallback)
+        Shard(
+            run_id=run_id,
+            shard_id=keys.shard_id(run_id, i),
+            shard_index=i,
+            shard_count=len(chunks),
+            model=job.model,
+            grader=job.grader,
+            generation=job.generation,
+            items=chunk,
+            prompt_template=job.prompt_template,
+            system_prompt=job.system_prompt,
+            retry=job.retry,
+            worker_group=job.worker_group,
+            sla_fallback=job.sla_fallback,
+        )
         for i, chunk in enumerate(chunks)
     ]
 
@@ -92,34 +115,52 @@ class Intake:
         await self.pool.execute(
             "INSERT INTO runs (run_id, name, status, model, grader, spec, dataset_uri)"
             " VALUES ($1, $2, 'validating', $3, $4, $5, $6) ON CONFLICT (run_id) DO NOTHING",
-            run_id, job.name, job.model, job.grader, encode(job).decode(), job.dataset,
+            run_id,
+            job.name,
+            job.model,
+            job.grader,
+            encode(job).decode(),
+            job.dataset,
         )
         loaded_or_rejection = await self._validate(job)
         if isinstance(loaded_or_rejection, Rejection):
             await self.pool.execute(
                 "UPDATE runs SET status = 'rejected', problems = $2, updated_at = now() WHERE run_id = $1",
-                run_id, loaded_or_rejection.as_json(),
+                run_id,
+                loaded_or_rejection.as_json(),
             )
             log.info("run %s rejected: %d problem(s)", run_id, len(loaded_or_rejection.problems))
             return "rejected"
         loaded = loaded_or_rejection
         shards = make_shards(run_id, job, loaded.items)
         stored_uri = await asyncio.to_thread(self._store_dataset, loaded, job.dataset)
-        manifest = build_manifest(job, dataset_uri=stored_uri, dataset_sha256=loaded.sha256,
-                                  content_sha256=loaded.content_sha256, dataset_format=loaded.format,
-                                  total=len(loaded.items), shard_count=len(shards))
+        manifest = build_manifest(
+            job,
+            dataset_uri=stored_uri,
+            dataset_sha256=loaded.sha256,
+            content_sha256=loaded.content_sha256,
+            dataset_format=loaded.format,
+            total=len(loaded.items),
+            shard_count=len(shards),
+        )
         digest = manifest_sha256(manifest)
         await asyncio.to_thread(self._store_manifest, run_id, manifest)
         await self.pool.execute(
             "UPDATE runs SET manifest = $2, manifest_sha256 = $3, dataset_sha256 = $4, total = $5,"
             " shard_count = $6, updated_at = now() WHERE run_id = $1",
-            run_id, json.dumps(manifest), digest, loaded.content_sha256, len(loaded.items), len(shards),
+            run_id,
+            json.dumps(manifest),
+            digest,
+            loaded.content_sha256,
+            len(loaded.items),
+            len(shards),
         )
         # Every shard is acknowledged by the broker before the run counts as published.
         await asyncio.gather(*(publish(encode(s), run_id) for s in shards))
         await self.pool.execute(
             "UPDATE runs SET status = 'running', published_at = now(), updated_at = now()"
-            " WHERE run_id = $1 AND status = 'validating'", run_id,
+            " WHERE run_id = $1 AND status = 'validating'",
+            run_id,
         )
         log.info("run %s: %d items in %d shards published", run_id, len(loaded.items), len(shards))
         return "running"
@@ -129,8 +170,14 @@ class Intake:
         try:
             data, filename = await asyncio.to_thread(read_dataset, job.dataset, self.s3)
         except (OSError, ValueError, storage.S3Error) as exc:
-            return Rejection([*problems, Problem(line=None, field="dataset",
-                                                 message=f"cannot read dataset {job.dataset!r}: {exc}")])
+            return Rejection(
+                [
+                    *problems,
+                    Problem(
+                        line=None, field="dataset", message=f"cannot read dataset {job.dataset!r}: {exc}"
+                    ),
+                ]
+            )
         try:
             loaded = await asyncio.to_thread(load_dataset, data, filename)
         except DatasetError as exc:
@@ -146,5 +193,6 @@ class Intake:
 
     def _store_manifest(self, run_id: str, manifest: dict[str, object]) -> None:
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-        storage.put_bytes(self.s3, self.settings.s3_bucket_results, f"runs/{run_id}/manifest.json", body,
-                          "application/json")
+        storage.put_bytes(
+            self.s3, self.settings.s3_bucket_results, f"runs/{run_id}/manifest.json", body, "application/json"
+        )

@@ -30,20 +30,44 @@ def code_version() -> dict[str, Any]:
     if commit is None:
         root = Path(__file__).resolve().parents[4]
         try:
-            commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                    timeout=5, check=True).stdout.strip()
-            dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                        capture_output=True, text=True, timeout=5).stdout.strip())
+            commit = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+            ).stdout.strip()
+            dirty = bool(
+                subprocess.run(
+                    ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout.strip()
+            )
         except (OSError, subprocess.SubprocessError):
             commit = None
     return {"package": version, "git_commit": commit, "git_dirty": dirty}
 
 
-def build_manifest(job: JobSpec, *, dataset_uri: str, dataset_sha256: str, content_sha256: str,
-                   dataset_format: str, total: int, shard_count: int) -> dict[str, Any]:
+def build_manifest(
+    job: JobSpec,
+    *,
+    dataset_uri: str,
+    dataset_sha256: str,
+    content_sha256: str,
+    dataset_format: str,
+    total: int,
+    shard_count: int,
+) -> dict[str, Any]:
     return {
-        "dataset": {"uri": dataset_uri, "sha256": dataset_sha256, "content_sha256": content_sha256,
-                    "format": dataset_format, "items": total},
+        "dataset": {
+            "uri": dataset_uri,
+            "sha256": dataset_sha256,
+            "content_sha256": content_sha256,
+            "format": dataset_format,
+            "items": total,
+        },
         "model": job.model,
         "grader": job.grader,
         "generation": msgspec.to_builtins(job.generation),

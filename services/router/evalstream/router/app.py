@@ -31,17 +31,23 @@ NO_GROUP_TIMEOUT_S = settings.router_no_group_timeout_s
 
 def choose(groups: list[Group]) -> Group:
     now = time.time()
-    return min(groups, key=lambda g: (sum(m.queue_depth for m in g.live_members(now, fleet.heartbeat_timeout_s))
-                                      / max(1, len(g.live_members(now, fleet.heartbeat_timeout_s))), g.name))
+    return min(
+        groups,
+        key=lambda g: (
+            sum(m.queue_depth for m in g.live_members(now, fleet.heartbeat_timeout_s))
+            / max(1, len(g.live_members(now, fleet.heartbeat_timeout_s))),
+            g.name,
+        ),
+    )
 
 
 async def route(msg: KafkaMessage) -> None:
-    record = msg.raw_message
-    raw: bytes = record.value or b""  # type: ignore[union-attr]
+    record = service.record_of(msg)
+    raw: bytes = record.value or b""
     try:
         shard = decode(raw, Shard)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)  # type: ignore[arg-type]
+        await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)
         SHARDS.labels(service="router", outcome="undecodable").inc()
         return
     wait = shard.not_before - time.time()
@@ -65,14 +71,24 @@ async def dead_letter_unroutable(shard: Shard, record: object) -> None:
     log.warning("shard %s: %s", shard.shard_id, error)
     for item in shard.items:
         one = msgspec.structs.replace(shard, items=[item])
-        headers = service.dead_letter_headers(record, error, attempts=shard.attempt,  # type: ignore[arg-type]
-                                              run_id=shard.run_id, item_id=item.id)
-        await service.dead_letter(broker, encode(one), headers, key=shard.run_id.encode(), reason="unroutable")
+        headers = service.dead_letter_headers(
+            record,
+            error,
+            attempts=shard.attempt,
+            run_id=shard.run_id,
+            item_id=item.id,
+        )
+        await service.dead_letter(
+            broker, encode(one), headers, key=shard.run_id.encode(), reason="unroutable"
+        )
     SHARDS.labels(service="router", outcome="unroutable").inc()
 
 
-_common = {"auto_offset_reset": "earliest", "ack_policy": AckPolicy.NACK_ON_ERROR,
-           "max_poll_interval_ms": 30 * 60 * 1000}
+_common = {
+    "auto_offset_reset": "earliest",
+    "ack_policy": AckPolicy.NACK_ON_ERROR,
+    "max_poll_interval_ms": 30 * 60 * 1000,
+}
 broker.subscriber(topics.SHARDS, group_id=topics.ROUTER_GROUP, **_common)(route)  # type: ignore[call-overload]
 broker.subscriber(topics.RETRY, group_id=topics.RETRY_GROUP, **_common)(route)  # type: ignore[call-overload]
 
@@ -81,13 +97,13 @@ broker.subscriber(topics.RETRY, group_id=topics.RETRY_GROUP, **_common)(route)  
 # compacted topic, never committing.
 @broker.subscriber(topics.HEARTBEATS, auto_offset_reset="earliest")
 async def on_heartbeat(msg: KafkaMessage) -> None:
-    record = msg.raw_message
-    if not record.value:  # type: ignore[union-attr]
-        if record.key:  # type: ignore[union-attr]
-            fleet.forget(record.key.decode())  # type: ignore[union-attr]
+    record = service.record_of(msg)
+    if not record.value:
+        if record.key:
+            fleet.forget(record.key.decode())
         return
     try:
-        fleet.observe(decode(record.value, Heartbeat))  # type: ignore[union-attr]
+        fleet.observe(decode(record.value, Heartbeat))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("ignoring undecodable heartbeat: %s", exc)
 

@@ -16,7 +16,11 @@ class Group:
     members: dict[str, Heartbeat] = field(default_factory=dict)
 
     def live_members(self, now: float, timeout_s: float) -> list[Heartbeat]:
-        return [hb for hb in self.members.values() if now - hb.ts <= timeout_s and hb.status in ("ready", "starting")]
+        return [
+            hb
+            for hb in self.members.values()
+            if now - hb.ts <= timeout_s and hb.status in ("ready", "starting")
+        ]
 
 
 class Fleet:
@@ -41,12 +45,16 @@ class Fleet:
         """Healthy groups that serve `model` (only `pinned`, if the run pins a group)."""
         now = time.time() if now is None else now
         return [
-            g for g in self.groups.values()
-            if (pinned is None or g.name == pinned) and serves(g.model, model)
+            g
+            for g in self.groups.values()
+            if (pinned is None or g.name == pinned)
+            and serves(g.model, model)
             and g.live_members(now, self.heartbeat_timeout_s)
         ]
 
     def known(self, model: str, pinned: str | None = None) -> bool:
         """Whether any group, healthy or not, has ever served `model`: shards for it wait
         (their group may come back) instead of being dead-lettered."""
-        return any((pinned is None or g.name == pinned) and serves(g.model, model) for g in self.groups.values())
+        return any(
+            (pinned is None or g.name == pinned) and serves(g.model, model) for g in self.groups.values()
+        )

@@ -21,7 +21,7 @@ from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
 from evalstream.common import db, service, topics
-from evalstream.common.messages import Heartbeat, Shard, ShardResult, decode, encode
+from evalstream.common.messages import Heartbeat, Shard, ShardResult, WorkerStatus, decode, encode
 from evalstream.common.metrics import (
     CPU_UTILIZATION,
     GPU_MEMORY_FREE,
@@ -95,14 +95,15 @@ state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
     max_partition_fetch_bytes=8 * 1024 * 1024,
 )
 async def on_shards(msg: KafkaMessage) -> None:
-    records = msg.raw_message
+    records = service.records_of(msg)
     shards: list[Shard] = []
-    for record in records:  # type: ignore[union-attr]
+    for record in records:
         try:
             shards.append(decode(record.value or b"", Shard))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await service.dead_letter(broker, record.value or b"", service.dead_letter_headers(record, exc),
-                                      key=record.key)
+            await service.dead_letter(
+                broker, record.value or b"", service.dead_letter_headers(record, exc), key=record.key
+            )
             SHARDS.labels(service="worker", outcome="undecodable").inc()
     if not shards:
         return
@@ -123,8 +124,13 @@ async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
     for shard in shards:
         results = outcome.results.get(shard.shard_id, [])
         if results or not any(f.shard.shard_id == shard.shard_id for f in outcome.failures):
-            payload = ShardResult(run_id=shard.run_id, shard_id=shard.shard_id, worker_id=worker_id,
-                                  group=settings.worker_group, results=results)
+            payload = ShardResult(
+                run_id=shard.run_id,
+                shard_id=shard.shard_id,
+                worker_id=worker_id,
+                group=settings.worker_group,
+                results=results,
+            )
             sends.append(broker.publish(encode(payload), topics.RESULTS, key=shard.run_id.encode()))
         ITEMS.labels(service="worker", status="succeeded").inc(len(results))
         ITEMS.labels(service="worker", status="cache_hit").inc(sum(r.cache_hit for r in results))
@@ -138,7 +144,9 @@ async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
     for failures in retry.values():
         shard = failures[0].shard
         again = msgspec.structs.replace(
-            shard, items=[f.item for f in failures], attempt=shard.attempt + 1,
+            shard,
+            items=[f.item for f in failures],
+            attempt=shard.attempt + 1,
             not_before=time.time() + shard.retry.delay_after(shard.attempt),
         )
         sends.append(broker.publish(encode(again), topics.RETRY, key=shard.run_id.encode()))
@@ -148,21 +156,34 @@ async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
 
 async def dead_letter_item(f: Failure) -> None:
     one = msgspec.structs.replace(f.shard, items=[f.item])
-    headers = service.dead_letter_headers(None, f.error, attempts=f.shard.attempt, run_id=f.shard.run_id,
-                                          item_id=f.item.id, original_topic=topics.work_topic(settings.worker_group))
+    headers = service.dead_letter_headers(
+        None,
+        f.error,
+        attempts=f.shard.attempt,
+        run_id=f.shard.run_id,
+        item_id=f.item.id,
+        original_topic=topics.work_topic(settings.worker_group),
+    )
     await service.dead_letter(broker, encode(one), headers, key=f.shard.run_id.encode(), reason="failed")
     ITEMS.labels(service="worker", status="dead_lettered").inc()
 
 
-async def heartbeat(status: str) -> None:
+async def heartbeat(status: WorkerStatus) -> None:
     runner: ModelRunner | None = state.get("runner")
     m = await asyncio.to_thread(sample_device_metrics)
     p50, p95, tps, err = runner.take_stats() if runner else (0.0, 0.0, 0.0, 0.0)
     hb = Heartbeat(
-        worker_id=worker_id, group=settings.worker_group, model=settings.worker_model, ts=time.time(),
-        device=engines.device if engines.device != "cpu" else m.device, queue_depth=state["in_flight"],
-        latency_p50_ms=p50, latency_p95_ms=p95, tokens_per_s=tps, error_rate=err,
-        status=status,  # type: ignore[arg-type]
+        worker_id=worker_id,
+        group=settings.worker_group,
+        model=settings.worker_model,
+        ts=time.time(),
+        device=engines.device if engines.device != "cpu" else m.device,
+        queue_depth=state["in_flight"],
+        latency_p50_ms=p50,
+        latency_p95_ms=p95,
+        tokens_per_s=tps,
+        error_rate=err,
+        status=status,
         **m.heartbeat_fields(),
     )
     if m.gpu_utilization is not None:
@@ -197,9 +218,13 @@ async def lifespan() -> AsyncIterator[None]:
         log.info("engine %s loaded in %.1fs on %s", first, time.monotonic() - t0, engines.device)
     pool = await db.create_pool(settings.database_url)
     state["runner"] = ModelRunner(
-        RunnerConfig(group=settings.worker_group, token_budget=settings.batch_token_budget,
-                     max_items=settings.batch_max_items),
-        engines, AnswerCache(pool),
+        RunnerConfig(
+            group=settings.worker_group,
+            token_budget=settings.batch_token_budget,
+            max_items=settings.batch_max_items,
+        ),
+        engines,
+        AnswerCache(pool),
     )
     state["ready"] = True
     try:
@@ -229,5 +254,10 @@ async def model_loaded() -> bool:
     return bool(state["ready"])
 
 
-app = service.make_app(broker, lifespan=lifespan, ready_checks=[model_loaded],
-                       after_startup=[start_heartbeats], on_shutdown=[stop_heartbeats])
+app = service.make_app(
+    broker,
+    lifespan=lifespan,
+    ready_checks=[model_loaded],
+    after_startup=[start_heartbeats],
+    on_shutdown=[stop_heartbeats],
+)

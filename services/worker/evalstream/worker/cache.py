@@ -25,7 +25,9 @@ class AnswerCache:
             "SELECT key, response, prompt_tokens, completion_tokens FROM answer_cache WHERE key = ANY($1::text[])",
             keys,
         )
-        return {r["key"]: CachedAnswer(r["response"], r["prompt_tokens"], r["completion_tokens"]) for r in rows}
+        return {
+            r["key"]: CachedAnswer(r["response"], r["prompt_tokens"], r["completion_tokens"]) for r in rows
+        }
 
     async def put_many(self, entries: list[tuple[str, str, CachedAnswer]]) -> None:
         """(key, model, answer) triples; the first writer wins (answers are deterministic)."""

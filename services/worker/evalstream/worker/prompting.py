@@ -10,7 +10,7 @@ DEFAULT_TEMPLATES = {
     "exact": "{question}\n\nAnswer in a few words.",
     "multiple_choice": "{question}\n\n{choices}\n\nAnswer with the letter of the correct choice.",
     "code_exec": "Complete the following Python function. Reply with the whole function in one "
-                 "```python code block.\n\n```python\n{question}```",
+    "```python code block.\n\n```python\n{question}```",
 }
 
 

@@ -61,7 +61,9 @@ class RunnerConfig:
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig, engine_for: Callable[[str], Engine], cache: AnswerCache | None) -> None:
+    def __init__(
+        self, config: RunnerConfig, engine_for: Callable[[str], Engine], cache: AnswerCache | None
+    ) -> None:
         self.config = config
         self.engine_for = engine_for
         self.cache = cache
@@ -86,9 +88,12 @@ class ModelRunner:
         fresh: list[tuple[str, str, CachedAnswer]] = []
         for group in by_engine.values():
             engine = group[0].engine
-            plan = plan_batches([p.prompt_tokens for p in group], token_budget=self.config.token_budget,
-                                max_items=self.config.max_items,
-                                max_new_tokens=[p.request.params.max_tokens for p in group])
+            plan = plan_batches(
+                [p.prompt_tokens for p in group],
+                token_budget=self.config.token_budget,
+                max_items=self.config.max_items,
+                max_new_tokens=[p.request.params.max_tokens for p in group],
+            )
             for batch_idx in plan:
                 batch = [group[i] for i in batch_idx]
                 BATCH_SIZE.observe(len(batch))
@@ -100,11 +105,14 @@ class ModelRunner:
                 STAGE_LATENCY.labels(stage="engine").observe(elapsed)
                 for p, out in zip(batch, outputs, strict=True):
                     if isinstance(out, EngineError):
-                        outcome.failures.append(Failure(p.shard, p.item, f"{type(out).__name__}: {out}",
-                                                        out.transient))
+                        outcome.failures.append(
+                            Failure(p.shard, p.item, f"{type(out).__name__}: {out}", out.transient)
+                        )
                         self.recent_errors += 1
                         continue
-                    answer = CachedAnswer(out.text, out.prompt_tokens or p.prompt_tokens, out.completion_tokens)
+                    answer = CachedAnswer(
+                        out.text, out.prompt_tokens or p.prompt_tokens, out.completion_tokens
+                    )
                     answered.append((p, answer, out.latency_ms or elapsed * 1000, False, out.truncated))
                     TOKENS.labels(direction="in").inc(answer.prompt_tokens)
                     TOKENS.labels(direction="out").inc(answer.completion_tokens)
@@ -135,7 +143,9 @@ class ModelRunner:
                     prompt = engine.render_prompt(messages)
                     n_tokens = engine.count_tokens(prompt)
                 except EngineError as exc:
-                    outcome.failures.append(Failure(shard, item, f"{type(exc).__name__}: {exc}", exc.transient))
+                    outcome.failures.append(
+                        Failure(shard, item, f"{type(exc).__name__}: {exc}", exc.transient)
+                    )
                     continue
                 except Exception as exc:  # a bad item must not sink its shard
                     outcome.failures.append(Failure(shard, item, f"{type(exc).__name__}: {exc}", False))
@@ -143,25 +153,43 @@ class ModelRunner:
                 gen = shard.generation
                 key = None
                 if gen.temperature == 0.0 and engine.cacheable:
-                    key = cache_key(model=shard.model, model_revision=engine.revision,
-                                    generation=msgspec.to_builtins(gen), prompt=prompt)
+                    key = cache_key(
+                        model=shard.model,
+                        model_revision=engine.revision,
+                        generation=msgspec.to_builtins(gen),
+                        prompt=prompt,
+                    )
                 request = GenRequest(item_id=item.id, messages=messages, params=gen, attempt=shard.attempt)
                 pending.append(_Pending(shard, item, grader, engine, request, prompt, n_tokens, key))
         return pending
 
-    def _grade_all(self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]) -> list[ItemResult]:
+    def _grade_all(
+        self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
+    ) -> list[ItemResult]:
         results = []
         for p, answer, latency_ms, cache_hit, truncated in answered:
             # Graders clean what they read themselves (think blocks, fences): cleaning here
             # would strip a code body's first-line indentation.
             grade = get_grader(p.grader, p.item)(answer.response, p.item)
-            results.append(ItemResult(
-                run_id=p.shard.run_id, item_id=p.item.id, shard_id=p.shard.shard_id, response=answer.response,
-                extracted=grade.extracted, correct=grade.correct, score=grade.score, attempts=p.shard.attempt,
-                cache_hit=cache_hit, latency_ms=latency_ms, served_by=f"{self.config.group}/{p.engine.name}",
-                prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
-                truncated=truncated, category=p.item.category,
-            ))
+            results.append(
+                ItemResult(
+                    run_id=p.shard.run_id,
+                    item_id=p.item.id,
+                    shard_id=p.shard.shard_id,
+                    response=answer.response,
+                    extracted=grade.extracted,
+                    correct=grade.correct,
+                    score=grade.score,
+                    attempts=p.shard.attempt,
+                    cache_hit=cache_hit,
+                    latency_ms=latency_ms,
+                    served_by=f"{self.config.group}/{p.engine.name}",
+                    prompt_tokens=answer.prompt_tokens,
+                    completion_tokens=answer.completion_tokens,
+                    truncated=truncated,
+                    category=p.item.category,
+                )
+            )
         return results
 
     def _update_busy(self) -> None:
@@ -183,5 +211,3 @@ class ModelRunner:
         err = self.recent_errors / total if total else 0.0
         self.recent_tokens = self.recent_errors = self.recent_items = 0
         return p50, p95, tps, err
-
-
