@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import sys
 import time
@@ -20,6 +21,7 @@ import asyncpg
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from evalstream.cli import extensions
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import storage, topics
 from evalstream.common.lag import group_lag, topic_partitions
@@ -536,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("workers", help="worker groups: members, model, lag, GPU utilisation, p95")
     w.add_argument("--json", action="store_true")
+
+    for name in extensions.MODULES:
+        importlib.import_module(name).register(sub)
     return ap
 
 
@@ -553,7 +558,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     settings = Settings.from_env()
     try:
-        asyncio.run(COMMANDS[args.cmd](args, settings))
+        handler = getattr(args, "handler", None) or COMMANDS[args.cmd]
+        asyncio.run(handler(args, settings))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except (OSError, asyncpg.PostgresError) as exc:

@@ -1,0 +1,9 @@
+"""Command modules beyond the core ones in main.py. Each module defines
+
+    def register(sub: argparse._SubParsersAction) -> None
+
+which adds its sub-parser(s) with `set_defaults(handler=async_fn)`, where
+`async_fn(args, settings) -> None`. Add one line here per module.
+"""
+
+MODULES: list[str] = []
