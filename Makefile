@@ -7,7 +7,7 @@ WORKERS ?= 1
 STACK ?= $(CURDIR)/.stack
 export EVALSTREAM_STACK := $(STACK)
 
-.PHONY: venv up up-infra down ps clean demo test test-unit test-faults bench lint lock help
+.PHONY: venv up up-infra down ps clean demo test test-unit test-faults down-faults bench lint lock help
 
 help:
 	@echo "make demo        stack up + the bundled sample set through the default model, report printed"
@@ -41,13 +41,20 @@ demo: up
 	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo_code.jsonl --name demo-code --max-tokens 200 --wait
 
 test: up
-	@$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
+	@$(PY) -m pytest -m "not slow and (not faults or fast)" $(PYTEST_ARGS)
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-faults: up
-	@$(PY) -m pytest -m faults $(PYTEST_ARGS)
+# The fault suite kills brokers and databases: it gets a stack of its own, every port shifted
+# by 2000, data in .stack-faults/, so the development stack is never disturbed.
+FAULTS_ENV := EVALSTREAM_PORT_OFFSET=2000 EVALSTREAM_STACK=$(CURDIR)/.stack-faults WORKER_MODEL=null,replay:*
+test-faults: venv
+	@env $(FAULTS_ENV) $(PY) ops/local/stack.py up --workers 1
+	@env $(FAULTS_ENV) bash -c 'eval "$$($(PY) ops/local/stack.py env)" && $(PY) -m pytest -m faults $(PYTEST_ARGS)'
+
+down-faults:
+	@env $(FAULTS_ENV) python3 ops/local/stack.py down
 
 bench: up
 	@$(PY) bench/run_all.py

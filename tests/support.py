@@ -17,6 +17,7 @@ from evalstream.common.lag import topic_partitions
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack"))
+PROMETHEUS_URL = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
 
 
 async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:

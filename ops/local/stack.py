@@ -39,9 +39,24 @@ VENV_PY = ROOT / ".venv" / "bin" / "python"
 KAFKA_VERSION = "4.4.0"
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 APT_PACKAGES = ["postgresql", "prometheus", "bubblewrap"]
-KAFKA_PORT, KAFKA_CONTROLLER_PORT = 9092, 9093
-PG_PORT, S3_PORT, PROM_PORT = 5432, 8333, 9090
-WEED_PORTS = {"master": 9333, "volume": 8380, "filer": 8888}
+# A second stack (the fault-injection suite's, which kills brokers and databases) runs
+# beside the development one with every port shifted by EVALSTREAM_PORT_OFFSET.
+OFFSET = int(os.environ.get("EVALSTREAM_PORT_OFFSET", "0"))
+KAFKA_PORT, KAFKA_CONTROLLER_PORT = 9092 + OFFSET, 9093 + OFFSET
+PG_PORT, S3_PORT, PROM_PORT = 5432 + OFFSET, 8333 + OFFSET, 9090 + OFFSET
+WEED_PORTS = {"master": 9333 + OFFSET, "volume": 8380 + OFFSET, "filer": 8888 + OFFSET}
+PORTS = {name: port + OFFSET for name, port in SERVICE_PORTS.items()}
+
+
+def client_env() -> dict[str, str]:
+    """How services and tests reach this stack (the settings' names)."""
+    return {
+        "KAFKA_BOOTSTRAP": f"127.0.0.1:{KAFKA_PORT}",
+        "DATABASE_URL": f"postgresql://evalstream:evalstream@127.0.0.1:{PG_PORT}/evalstream",
+        "S3_ENDPOINT": f"http://127.0.0.1:{S3_PORT}",
+        "PROMETHEUS_URL": f"http://127.0.0.1:{PROM_PORT}",
+        "EVALSTREAM_STACK": str(STACK),
+    }
 
 
 def log(msg: str) -> None:
@@ -473,10 +488,14 @@ def weed_argv() -> list[str]:
         f"-master.port={WEED_PORTS['master']}",
         f"-volume.port={WEED_PORTS['volume']}",
         f"-filer.port={WEED_PORTS['filer']}",
+        f"-master.port.grpc={WEED_PORTS['master'] + 10000}",
+        f"-volume.port.grpc={WEED_PORTS['volume'] + 10000}",
+        f"-filer.port.grpc={WEED_PORTS['filer'] + 10000}",
         "-master.volumeSizeLimitMB=256",
         "-volume.max=64",
         "-s3",
         f"-s3.port={S3_PORT}",
+        f"-s3.port.grpc={S3_PORT + 10000}",
         f"-s3.config={d / 's3.json'}",
     ]
 
@@ -495,14 +514,18 @@ def weed_healthy() -> bool:
 
 
 def worker_ports(n: int) -> list[int]:
-    return [SERVICE_PORTS["worker"] + i for i in range(n)]
+    return [PORTS["worker"] + i for i in range(n)]
 
 
 def prometheus_prepare(workers: int) -> None:
     d = STACK / "prometheus"
     (d / "data").mkdir(parents=True, exist_ok=True)
     src = (ROOT / "ops/prometheus/prometheus.local.yml").read_text()
-    (d / "prometheus.yml").write_text(src.replace("__STACK__", str(d)).replace("__ROOT__", str(ROOT)))
+    src = src.replace("__STACK__", str(d)).replace("__ROOT__", str(ROOT))
+    for name, port in SERVICE_PORTS.items():
+        src = src.replace(f"127.0.0.1:{port}", f"127.0.0.1:{PORTS[name]}")
+    src = src.replace("127.0.0.1:9090", f"127.0.0.1:{PROM_PORT}")
+    (d / "prometheus.yml").write_text(src)
     write_worker_targets(workers)
 
 
@@ -538,12 +561,12 @@ def service(name: str, port: int, extra_env: dict[str, str] | None = None) -> Pr
         argv=lambda: [str(ROOT / ".venv/bin" / f"evalstream-{name.split('-')[0]}")],
         healthy=lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
         timeout=180,
-        env={"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **(extra_env or {})},
+        env={"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env(), **(extra_env or {})},
     )
 
 
 def services(workers: int) -> list[Proc]:
-    procs = [service(n, SERVICE_PORTS[n]) for n in ("producer", "router", "aggregator")]
+    procs = [service(n, PORTS[n]) for n in ("producer", "router", "aggregator")]
     procs += [
         service(f"worker-{i}", p, {"WORKER_ID": f"worker-{i}"}) for i, p in enumerate(worker_ports(workers))
     ]
@@ -564,7 +587,7 @@ def running_workers() -> list[Proc]:
 
 def bootstrap() -> None:
     """Topics, buckets and the database schema; idempotent."""
-    run([str(VENV_PY), "-m", "evalstream.common.bootstrap"], cwd=ROOT)
+    run([str(VENV_PY), "-m", "evalstream.common.bootstrap"], cwd=ROOT, env={**os.environ, **client_env()})
 
 
 def up(workers: int, infra_only: bool) -> None:
@@ -635,6 +658,7 @@ def main() -> None:
     p_up.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "1")))
     p_up.add_argument("--infra-only", action="store_true", help="Kafka, PostgreSQL, S3 and Prometheus only")
     sub.add_parser("ps", help="list the stack's processes")
+    sub.add_parser("env", help="print `export` lines that point clients (evalctl, tests) at this stack")
     sub.add_parser("down", help="stop everything (data is kept)")
     sub.add_parser("clean", help="stop everything and delete the stack folder (data, logs)")
     p_stop = sub.add_parser("stop", help="stop one process by name")
@@ -644,6 +668,8 @@ def main() -> None:
         up(args.workers, args.infra_only)
     elif args.cmd == "ps":
         ps()
+    elif args.cmd == "env":
+        print("\n".join(f"export {k}={v}" for k, v in client_env().items()))
     elif args.cmd == "down":
         down()
     elif args.cmd == "clean":

@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from evalstream.common import storage, topics
 from evalstream.common.lag import topic_partitions
 from evalstream.common.settings import Settings
+from tests.support import PROMETHEUS_URL
 
 pytestmark = pytest.mark.stack
 
@@ -109,7 +110,7 @@ def test_s3_put_list_get_with_minio_client(stack: Settings) -> None:
 
 async def test_prometheus_scrapes_every_service_as_up(stack: Settings) -> None:
     async def targets() -> dict[str, str]:
-        with urllib.request.urlopen("http://127.0.0.1:9090/api/v1/targets", timeout=5) as r:
+        with urllib.request.urlopen(f"{PROMETHEUS_URL}/api/v1/targets", timeout=5) as r:
             data = json.load(r)["data"]["activeTargets"]
         return {t["labels"].get("service", t["labels"]["job"]): t["health"] for t in data}
 

@@ -29,6 +29,7 @@ from evalstream.worker.engines import (
 from evalstream.worker.engines.chaos import ChaosEngine, FaultPlan
 from evalstream.worker.engines.hf import cut_at_stop, split_on_oom, truncate_middle
 from evalstream.worker.engines.null import NullEngine
+from evalstream.worker.engines.openai import OpenAIEngine
 from evalstream.worker.engines.replay import ReplayEngine
 
 
@@ -107,15 +108,22 @@ def test_importing_engines_stays_light() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_load_engine_null_replay_and_unbuilt_openai(tmp_path: Path) -> None:
+def test_load_engine_null_replay_and_openai(tmp_path: Path) -> None:
     settings = Settings()
     assert isinstance(load_engine("null", settings), NullEngine)
     replay = load_engine(
         f"replay:{write_jsonl(tmp_path / 'a.jsonl', [{'id': 'x', 'response': 'y'}])}", settings
     )
     assert isinstance(replay, ReplayEngine) and replay.name == f"replay:{tmp_path / 'a.jsonl'}"
-    with pytest.raises(EngineConfigError, match="openai engine is not built"):
-        load_engine("openai:m@http://127.0.0.1:1/v1", settings)
+    api = load_engine("openai:m@http://127.0.0.1:1/v1?concurrency=2", settings)
+    try:
+        assert isinstance(api, OpenAIEngine) and (api.name, api.revision, api.limit.allowed) == (
+            "openai:m@http://127.0.0.1:1/v1?concurrency=2",
+            "m@http://127.0.0.1:1/v1",
+            2,
+        )
+    finally:
+        api.close()
     with pytest.raises(EngineConfigError, match="not found"):
         load_engine(f"replay:{tmp_path / 'missing.jsonl'}", settings)
     chaos = load_engine("null", settings, faults="transient=0.5,seed=1")

@@ -1,7 +1,10 @@
+import ast
 import contextlib
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,9 +43,87 @@ class TestSandbox:
         assert 'File "<candidate>", line 2, in check' in result.stderr_tail
         assert result.stderr_tail.rstrip().endswith("AssertionError: x should be 2")
 
-    @pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)"])
+    @pytest.mark.parametrize(
+        "exit_call",
+        ["import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit", "raise SystemExit(0)"],
+    )
     def test_exiting_early_is_not_passing(self, exit_call: str) -> None:
-        assert not run_program(f"{exit_call}\nassert False").passed
+        result = run_program(f"{exit_call}\nassert False")
+        assert not result.passed and result.exit_code in (0, 3)  # 3: the bootstrap saw the exit
+
+    @pytest.mark.parametrize(
+        "program",
+        [
+            "print('PASS', flush=True)\nimport os; os._exit(0)",
+            "print('passed'); print('0123456789abcdef' * 2, flush=True)\nimport os; os._exit(0)",
+            "print('PASS', flush=True)\nraise SystemExit(0)",
+        ],
+    )
+    def test_printing_pass_is_not_passing(self, program: str) -> None:
+        result = run_program(program + "\nassert False")
+        assert not result.passed
+        assert result.stdout_tail.startswith(("PASS", "passed"))  # printed, and still a fail
+
+    def test_environment_is_empty(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        secret = f"sk-{uuid.uuid4().hex}"
+        monkeypatch.setenv("OPENAI_API_KEY", secret)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        program = "import os\nprint(sorted(os.environ))\nprint(open('/proc/self/environ', 'rb').read())"
+        result = run_program(program)
+        assert result.passed, result.stderr_tail
+        names = ast.literal_eval(result.stdout_tail.splitlines()[0])
+        # only what bwrap (PWD) and Python's UTF-8 locale coercion (LC_CTYPE) set themselves
+        assert set(names) <= {"PWD", "LC_CTYPE"}
+        assert secret not in result.stdout_tail
+
+    def test_cpu_time_is_limited(self) -> None:
+        # threads spinning together burn CPU time faster than wall time passes
+        program = "import threading, time\ndef spin():\n    while True:\n        pass\n"
+        program += "for _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\ntime.sleep(60)"
+        result = run_program(program, Limits(timeout_s=20.0, cpu_seconds=1))
+        assert (result.passed, result.timed_out) == (False, False)
+        assert result.exit_code == -signal.SIGXCPU
+        assert result.duration_s < 10.0
+
+    def test_cannot_kill_the_parent_or_any_host_process(self) -> None:
+        victim = subprocess.Popen(["sleep", "60"])  # stands for the worker and its neighbours
+        try:
+            program = (
+                "import os, signal\nrefused = []\n"
+                f"for pid in ({victim.pid}, {os.getpid()}, os.getppid(), 1, -1):\n"
+                "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+                "    except OSError as e:\n        refused.append(type(e).__name__)\n"
+                "print(refused)"
+            )
+            result = run_program(program)
+            time.sleep(0.2)
+            assert victim.poll() is None, "a host process was killed from the sandbox"
+            # the host's pids do not exist in the sandbox's pid namespace; its own init ignores
+            # signals from inside; kill(-1) reaches no one but the sandbox itself (it survives)
+            assert result.passed, result.stderr_tail
+            assert result.stdout_tail.startswith("['ProcessLookupError', 'ProcessLookupError'")
+        finally:
+            victim.kill()
+            victim.wait()
+
+    def test_background_processes_cannot_outlive_the_run(self) -> None:
+        marker = (1 << 30) + int(uuid.uuid4().int % 100_000)
+        program = (
+            "import os, subprocess, threading, time\nfailed = []\n"
+            "for start in (lambda: subprocess.Popen(['sleep', '1000'], start_new_session=True),\n"
+            "              lambda: os.fork() or os.setsid(),\n"
+            "              lambda: os.posix_spawn('/bin/sleep', ['sleep', '1000'], {})):\n"
+            "    try:\n        start()\n    except PermissionError:\n        failed.append(1)\n"
+            "assert len(failed) == 3, failed\n"
+            "threading.Thread(target=lambda: time.sleep(1000)).start()  # non-daemon: would block exit\n"
+        )
+        result = run_program(program, Limits(timeout_s=5.0, memory_bytes=marker))
+        assert result.passed, result.stderr_tail  # the program's end ends everything in it
+        assert result.duration_s < 3.0
+        hung = run_program("import time\ntime.sleep(1000)", Limits(timeout_s=1.0, memory_bytes=marker))
+        assert hung.timed_out
+        time.sleep(0.2)
+        assert sandbox_processes(marker) == 0
 
     def test_infinite_loop_times_out_and_leaves_nothing_behind(self) -> None:
         marker = (1 << 30) + int(uuid.uuid4().int % 100_000)

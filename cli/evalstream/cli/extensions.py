@@ -6,4 +6,9 @@ which adds its sub-parser(s) with `set_defaults(handler=async_fn)`, where
 `async_fn(args, settings) -> None`. Add one line here per module.
 """
 
-MODULES: list[str] = []
+MODULES: list[str] = [
+    "evalstream.cli.datasets_cmd",
+    "evalstream.cli.compare",
+    "evalstream.cli.reproduce",
+    "evalstream.cli.audit",
+]

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from evalstream.cli import extensions
 from evalstream.cli.progress import ProgressBar
-from evalstream.common import storage, topics
+from evalstream.common import report_html, storage, telemetry, topics
 from evalstream.common.lag import group_lag, topic_partitions
 from evalstream.common.messages import (
     GenerationParams,
@@ -99,11 +99,15 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
     )
+    telemetry.setup("evalctl")
     await producer.start()
     try:
-        await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
+        # The run's trace starts here: its context travels in the job's headers.
+        with telemetry.send_span(topics.JOBS, run_id) as headers:
+            await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode(), headers=headers)
     finally:
         await producer.stop()
+        telemetry.shutdown()
     print(f"submitted {run_id}: {len(loaded.items)} items, model {job.model}", file=sys.stderr)
     if not args.wait:
         if args.json:
@@ -271,10 +275,11 @@ async def cmd_report(args: argparse.Namespace, settings: Settings) -> None:
     try:
         await _run_row(conn, args.run)
         summary = await summarise(conn, args.run)
+        page = report_html.render(await report_html.collect(conn, args.run, summary)) if args.html else None
     finally:
         await conn.close()
-    if args.html:
-        Path(args.html).write_text(render_html(summary))
+    if args.html and page is not None:
+        Path(args.html).write_text(page, encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         out_json(summary)
@@ -307,19 +312,6 @@ def print_report(s: dict[str, Any]) -> None:
                     f"    {name:<32} {b['total']:>6} items  accuracy {b['accuracy']:.1%}  failed {b['failed']}"
                 )
     print(f"  dataset {s['dataset_sha256']}  manifest {s['manifest_sha256']}")
-
-
-def render_html(s: dict[str, Any]) -> str:
-    import html
-
-    rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(json.dumps(v, default=str))}</td></tr>"
-        for k, v in s.items()
-    )
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>evalstream {html.escape(s['run_id'])}</title>"
-        f"</head><body><h1>Run {html.escape(s['run_id'])}</h1><table>{rows}</table></body></html>"
-    )
 
 
 # --------------------------------------------------------------------------- dead letters

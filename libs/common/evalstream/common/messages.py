@@ -62,6 +62,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     run_id: str | None = None  # given by evalctl; derived from the message otherwise
     worker_group: str | None = None  # pin the run to one worker group
     sla_fallback: bool = False
+    # answers generated afresh, never read from the answer cache (`evalctl reproduce`: a
+    # reproduction served from the cache would prove nothing)
+    bypass_cache: bool = False
     schema_version: int = SCHEMA_VERSION
 
 
@@ -99,6 +102,7 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     routed_to: str | None = None  # worker group chosen by the router
     served_model: str | None = None  # model of that group, when it differs (SLA fallback)
     sla_fallback: bool = False
+    bypass_cache: bool = False  # from the job
     schema_version: int = SCHEMA_VERSION
 
 
@@ -115,6 +119,7 @@ class ItemResult(msgspec.Struct, frozen=True, kw_only=True):
     cache_hit: bool = False
     latency_ms: float = 0.0
     served_by: str = ""  # "<group>/<model>"
+    model_revision: str = ""  # the engine's revision (weights/file hash) that produced the answer
     prompt_tokens: int = 0
     completion_tokens: int = 0
     truncated: bool = False

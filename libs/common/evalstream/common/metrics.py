@@ -1,9 +1,23 @@
 """Prometheus metric names shared across services (one place, so boards and alerts fit).
 
-Latency buckets resolve 10 ms to 60 s.
+Latency buckets resolve 10 ms to 60 s. What each item status counts, and where:
+
+* worker: `succeeded` (answered and graded), `cache_hit` (of those, served from the answer
+  cache), `retried` (a failed attempt sent to eval.retry), `dead_lettered` (the last attempt
+  failed: sent to eval.dlq);
+* aggregator: `succeeded` and `failed`, the final outcomes it records (the failure rate
+  alert and boards use these two).
+
+Stages of STAGE_LATENCY: `queue_wait` (work record's broker timestamp -> worker picks it up,
+per shard), `engine` (one engine call, per batch), `grading` (per worker round),
+`worker_batch` (a whole worker round), `end_to_end` (run created -> result recorded, per
+item, in the aggregator). Series labelled with a run_id are removed some minutes after the
+run completes (forget_run), so their number stays bounded.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -43,3 +57,90 @@ CPU_UTILIZATION = Gauge(
 )
 RUN_PROGRESS = Gauge("evalstream_run_progress_ratio", "Share of a run's items with a result", ["run_id"])
 CONSUMER_LAG = Gauge("evalstream_consumer_lag", "Committed vs end offset", ["group", "topic", "partition"])
+
+# --- added for operations (issue 7); names above are kept as they are.
+ENGINE_BUSY_SECONDS = Counter(
+    "evalstream_engine_busy_seconds_total",
+    "Seconds the engine spent generating; rate() is the busy ratio over any window",
+)
+WORKER_HEARTBEAT = Gauge(
+    "evalstream_worker_last_heartbeat_timestamp_seconds",
+    "Unix time of the last heartbeat a worker published to eval.heartbeats",
+    ["worker_group", "worker_id"],
+)
+HOST_MEMORY_AVAILABLE = Gauge(
+    "evalstream_host_memory_available_bytes", "Host MemAvailable (fallback without GPU memory gauges)"
+)
+RUN_ITEMS = Counter(
+    "evalstream_run_items_total", "Results recorded per run (succeeded, failed)", ["run_id", "status"]
+)
+RUN_SCORE = Counter(
+    "evalstream_run_score_total", "Sum of item scores recorded per run (a failure scores 0)", ["run_id"]
+)
+RUN_ACCURACY = Gauge(
+    "evalstream_run_accuracy_ratio", "Final accuracy of a completed run (from the database)", ["run_id"]
+)
+
+_RUN_SERIES: tuple[tuple[Counter | Gauge, tuple[str, ...]], ...] = (
+    (RUN_PROGRESS, ()),
+    (RUN_ACCURACY, ()),
+    (RUN_SCORE, ()),
+    (RUN_ITEMS, ("succeeded",)),
+    (RUN_ITEMS, ("failed",)),
+)
+
+
+def forget_run(run_id: str) -> None:
+    """Drops every series labelled with `run_id` (after the run completed and boards had
+    time to show it): run ids are unbounded, the registry must not be."""
+    for metric, rest in _RUN_SERIES:
+        with contextlib.suppress(KeyError):  # never set, or already removed
+            metric.remove(run_id, *rest)
+
+
+# --- added for model APIs and the answer cache (issue 4).
+ENGINE_REQUESTS = Counter(
+    "evalstream_engine_requests_total",
+    "Requests handed to an engine (answer-cache misses): zero for a run served from the cache",
+    ["model"],
+)
+API_REQUESTS = Counter(
+    "evalstream_api_requests_total",
+    "HTTP requests to model APIs by outcome (ok, rate_limited, server_error, timeout, connection_error, malformed, client_error)",
+    ["model", "outcome"],
+)
+API_RETRIES = Counter(
+    "evalstream_api_retries_total", "API requests retried by the engine, by reason", ["model", "reason"]
+)
+API_CONCURRENCY = Gauge(
+    "evalstream_api_concurrency_limit",
+    "Adaptive concurrency limit of an API engine (halves on 429)",
+    ["model"],
+)
+
+# --- added for the router (issue 5): routing decisions, back-pressure, health, SLA fallback.
+ROUTER_ROUTED = Counter(
+    "evalstream_router_routed_shards_total",
+    "Shards the router sent to a worker group, by policy and served model (rerouted: moved from a dead group)",
+    ["policy", "worker_group", "model", "reason"],
+)
+ROUTER_BACKPRESSURE = Gauge(
+    "evalstream_router_backpressure_waiting",
+    "Router consumers holding a shard because every eligible group is saturated",
+)
+ROUTER_GROUP_OUTSTANDING = Gauge(
+    "evalstream_router_group_outstanding_shards",
+    "Shards routed to a group and not yet committed by it (measured lag + routed since)",
+    ["worker_group"],
+)
+ROUTER_GROUP_HEALTHY = Gauge(
+    "evalstream_router_group_live_members", "Members of a group with a fresh heartbeat", ["worker_group"]
+)
+ROUTER_POLICY_WEIGHT = Gauge(
+    "evalstream_router_policy_weight", "Current (adapted) weight of a term of the weighted score", ["term"]
+)
+ROUTER_SLA_VIOLATION = Gauge(
+    "evalstream_router_sla_violation_ratio",
+    "SLA violation rate over 60 s (0.7 latency + 0.3 error violations) of the groups serving a model",
+    ["model"],
+)

@@ -37,6 +37,22 @@ FROM item_results WHERE run_id = $1 AND {col} IS NOT NULL AND {col} <> '' GROUP 
 """
 
 
+# What actually answered: the manifest names the model SPEC; the weights (or answer file)
+# behind it are known only to the workers, which report their engine's revision per item.
+_REVISIONS = """
+SELECT served_by, model_revision, count(*) AS n FROM item_results
+WHERE run_id = $1 AND error IS NULL GROUP BY served_by, model_revision ORDER BY served_by, model_revision
+"""
+
+
+async def served_revisions(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dict[str, dict[str, int]]:
+    """served_by -> {engine revision ("unknown" from workers that predate reporting it): items}."""
+    out: dict[str, dict[str, int]] = {}
+    for r in await conn.fetch(_REVISIONS, run_id):
+        out.setdefault(r["served_by"], {})[r["model_revision"] or "unknown"] = r["n"]
+    return out
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 6) if b else None
 
@@ -84,6 +100,7 @@ async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dic
         "manifest_sha256": run["manifest_sha256"],
         "by_category": breakdown["category"],
         "by_served_by": breakdown["served_by"],
+        "served_revisions": await served_revisions(conn, run_id),
         "created_at": _iso(run["created_at"]),
         "completed_at": _iso(run["completed_at"]),
     }

@@ -9,20 +9,23 @@ commit, exit.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 
 import uvicorn
 from aiokafka import ConsumerRecord
 from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
+from faststream.asgi.types import ASGIApp
 from faststream.kafka import KafkaBroker
 from faststream.kafka.prometheus import KafkaPrometheusMiddleware
 from prometheus_client import REGISTRY, make_asgi_app
 
-from evalstream.common import topics
+from evalstream.common import logs, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.metrics import DEAD_LETTERED
 from evalstream.common.settings import Settings
@@ -31,7 +34,11 @@ from evalstream.common.settings import Settings
 MAX_MESSAGE_BYTES = 1024 * 1024
 
 
+_service: dict[str, str] = {}
+
+
 def make_broker(settings: Settings, service: str, *, graceful_timeout: float = 30.0) -> KafkaBroker:
+    _service.setdefault("name", service)
     return KafkaBroker(
         settings.kafka_bootstrap,
         client_id=f"evalstream-{service}",
@@ -41,8 +48,15 @@ def make_broker(settings: Settings, service: str, *, graceful_timeout: float = 3
         max_request_size=MAX_MESSAGE_BYTES,
         graceful_timeout=graceful_timeout,
         allow_auto_create_topics=False,
-        middlewares=[KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"evalstream-{service}")],
-        log_level=logging.INFO,
+        # Outermost first: the trace span covers the handler, its logs and its metrics.
+        middlewares=[
+            telemetry.kafka_middleware(service),
+            logs.RunIdMiddleware,
+            KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"evalstream-{service}"),
+        ],
+        logger=logging.getLogger("evalstream.kafka"),
+        # one log line per message is noise at INFO (and real CPU at 10k items/s)
+        log_level=logging.DEBUG,
     )
 
 
@@ -68,12 +82,14 @@ def make_app(
     ready_checks: Sequence[ReadyCheck] = (),
     after_startup: Sequence[Callable[[], Awaitable[None]]] = (),
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
+    prefix_routes: Sequence[tuple[str, ASGIApp]] = (),
 ) -> AsgiFastStream:
     """/healthz: the process serves HTTP (liveness). /readyz: the broker answers and every
     service-specific check passes (a worker's model is loaded, the database answers).
 
     Order: `lifespan` enters before the broker connects and exits after it stopped;
-    `after_startup` runs once it is connected, `on_shutdown` before it disconnects."""
+    `after_startup` runs once it is connected, `on_shutdown` before it disconnects.
+    `prefix_routes` serve every path under a prefix (FastStream matches exact paths only)."""
     broker_ping = make_ping_asgi(broker, timeout=5.0, include_in_schema=False)
 
     @get(include_in_schema=False)
@@ -89,7 +105,7 @@ def make_app(
                 return AsgiResponse(f"{getattr(check, '__name__', 'check')} failed\n".encode(), 503)
         return AsgiResponse(b"ready\n", 200)
 
-    return AsgiFastStream(
+    app = _App(
         broker,
         lifespan=lifespan,
         after_startup=after_startup,
@@ -101,10 +117,24 @@ def make_app(
             ("/metrics", make_asgi_app(REGISTRY)),
         ],
     )
+    app.prefix_routes = tuple(prefix_routes)
+    return app
+
+
+class _App(AsgiFastStream):
+    prefix_routes: Sequence[tuple[str, ASGIApp]] = ()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for prefix, route in self.prefix_routes:
+                if scope["path"].startswith(prefix):
+                    await route(scope, receive, send)
+                    return
+        await super().__call__(scope, receive, send)
 
 
 def run(app: AsgiFastStream, settings: Settings) -> None:
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, _service.get("name"))
     uvicorn.run(
         app,
         host=settings.http_host,
@@ -112,8 +142,33 @@ def run(app: AsgiFastStream, settings: Settings) -> None:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=60,
         access_log=False,
+        log_config=None,  # uvicorn's lines go through the root logger: JSON like the rest
         lifespan="on",
     )
+
+
+H_ = TypeVar("H_", bound=Callable[..., Awaitable[None]])
+
+
+def backoff_on_error(delay_s: float = 1.0) -> Callable[[H_], H_]:
+    """A handler that fails (the database or the S3 store is down) is redelivered at once
+    (NACK_ON_ERROR); pausing first keeps the redelivery from spinning against the outage."""
+
+    def decorate(handler: H_) -> H_:
+        @functools.wraps(handler)
+        async def wrapper(*args: Any, **kwargs: Any) -> None:
+            try:
+                await handler(*args, **kwargs)
+            except Exception:
+                logging.getLogger(handler.__module__).exception(
+                    "%s failed; the message(s) will be redelivered", handler.__name__
+                )
+                await asyncio.sleep(delay_s)
+                raise
+
+        return cast(H_, wrapper)
+
+    return decorate
 
 
 def dead_letter_headers(

@@ -28,8 +28,23 @@ DEFAULTS: dict[str, str] = {
     "WORKER_GROUPS": "",
     "WORKER_MAX_SHARDS": "16",
     "ENGINE_FAULTS": "",
+    "FAULT_INJECT": "",
+    "WORKER_MAX_POLL_INTERVAL_MS": "3600000",
     "ROUTER_HEARTBEAT_TIMEOUT_S": "15",
     "ROUTER_NO_GROUP_TIMEOUT_S": "120",
+    "ROUTER_POLICY": "weighted",
+    "ROUTER_WEIGHTS": "lag=0.4,latency=0.3,gpu=0.15,memory=0.15",
+    "ROUTER_MAX_LAG": "32",
+    "ROUTER_LAG_INTERVAL_S": "1.0",
+    "ROUTER_GROUPS": "*",
+    "ROUTER_SHARDS_TOPIC": "",
+    "ROUTER_RETRY_TOPIC": "",
+    "ROUTER_REROUTE_AFTER_S": "60",
+    "ROUTER_SLA_P95_MS": "30000",
+    "ROUTER_SLA_MAX_ERROR_RATE": "0.05",
+    "ROUTER_SLA_TIERS": "0.3,0.6",
+    "ROUTER_FALLBACK": "",
+    "ENGINE_DELAY_MS": "0",
     "BATCH_TOKEN_BUDGET": "2048",
     "BATCH_MAX_WAIT_MS": "100",
     "BATCH_MAX_ITEMS": "64",
@@ -38,6 +53,8 @@ DEFAULTS: dict[str, str] = {
     "HEARTBEAT_INTERVAL_S": "2.0",
     "MODEL_CACHE_DIR": "",
     "LOG_LEVEL": "INFO",
+    "KAFKA_TOPIC_PREFIX": "",
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "",
 }
 
 # The HTTP port each service listens on locally (healthz, readyz, metrics). The local
@@ -75,8 +92,30 @@ class Settings:
     worker_groups: str = DEFAULTS["WORKER_GROUPS"]  # bootstrap: work topics to create (comma-separated)
     worker_max_shards: int = int(DEFAULTS["WORKER_MAX_SHARDS"])  # shards taken per engine round
     engine_faults: str = DEFAULTS["ENGINE_FAULTS"]  # fault injection for tests, e.g. "transient=0.1"
+    # Crash points for the fault suite, e.g. "aggregator_exit_after_write=3" (exits without
+    # committing, as a kill -9 between the database write and the offset commit would).
+    fault_inject: str = DEFAULTS["FAULT_INJECT"]
+    # A long engine batch must not get a worker evicted from its group (aiokafka 848/678).
+    worker_max_poll_interval_ms: int = int(DEFAULTS["WORKER_MAX_POLL_INTERVAL_MS"])
     router_heartbeat_timeout_s: float = float(DEFAULTS["ROUTER_HEARTBEAT_TIMEOUT_S"])
     router_no_group_timeout_s: float = float(DEFAULTS["ROUTER_NO_GROUP_TIMEOUT_S"])
+    # weighted | least_outstanding | consistent_hash | round_robin (router/policy.py)
+    router_policy: str = DEFAULTS["ROUTER_POLICY"]
+    router_weights: str = DEFAULTS["ROUTER_WEIGHTS"]  # base weights of the weighted score
+    # outstanding shards per live member beyond which a group is saturated (back-pressure)
+    router_max_lag: int = int(DEFAULTS["ROUTER_MAX_LAG"])
+    router_lag_interval_s: float = float(DEFAULTS["ROUTER_LAG_INTERVAL_S"])  # consumer-lag polling
+    router_groups: str = DEFAULTS["ROUTER_GROUPS"]  # worker groups this router uses (shell patterns)
+    # input topics; empty: eval.shards / eval.retry; ROUTER_RETRY_TOPIC=none: no retries
+    router_shards_topic: str = DEFAULTS["ROUTER_SHARDS_TOPIC"]
+    router_retry_topic: str = DEFAULTS["ROUTER_RETRY_TOPIC"]
+    # a group dead this long has its pending shards moved to healthy groups; 0: never
+    router_reroute_after_s: float = float(DEFAULTS["ROUTER_REROUTE_AFTER_S"])
+    router_sla_p95_ms: float = float(DEFAULTS["ROUTER_SLA_P95_MS"])
+    router_sla_max_error_rate: float = float(DEFAULTS["ROUTER_SLA_MAX_ERROR_RATE"])
+    router_sla_tiers: str = DEFAULTS["ROUTER_SLA_TIERS"]  # violation rates that step down a model
+    router_fallback: str = DEFAULTS["ROUTER_FALLBACK"]  # lighter models, e.g. "hf:big=hf:small"
+    engine_delay_ms: float = float(DEFAULTS["ENGINE_DELAY_MS"])  # artificial per-item delay (benchmarks)
     batch_token_budget: int = int(DEFAULTS["BATCH_TOKEN_BUDGET"])
     batch_max_wait_ms: int = int(DEFAULTS["BATCH_MAX_WAIT_MS"])
     batch_max_items: int = int(DEFAULTS["BATCH_MAX_ITEMS"])
@@ -85,6 +124,11 @@ class Settings:
     heartbeat_interval_s: float = float(DEFAULTS["HEARTBEAT_INTERVAL_S"])
     model_cache_dir: str = DEFAULTS["MODEL_CACHE_DIR"]
     log_level: str = DEFAULTS["LOG_LEVEL"]
+    # Prefix of every topic and consumer group name (topics.py): a pipeline of its own on a
+    # shared broker, as the tracing test runs one.
+    kafka_topic_prefix: str = DEFAULTS["KAFKA_TOPIC_PREFIX"]
+    # OTLP/HTTP collector for traces (telemetry.py); empty: no export.
+    otel_exporter_otlp_endpoint: str = DEFAULTS["OTEL_EXPORTER_OTLP_ENDPOINT"]
 
     @classmethod
     def from_env(cls) -> Settings:

@@ -3,6 +3,7 @@ load a model to reject a typo) and honoured by workers."""
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatchcase
 
 DEFAULT_MODEL = "hf:smollm2-135m-instruct"
@@ -10,7 +11,14 @@ BUNDLED_MODELS = ("smollm2-135m-instruct",)
 SCHEMES = ("hf", "openai", "replay", "null")
 
 # Grader names a job may ask for; "auto" picks one per item (code, choices, number, text).
-GRADER_NAMES = ("auto", "exact", "numeric", "multiple_choice", "code_exec")
+# A grader SPEC is a name, or `name:argument` for the graders that take one:
+#   regex:<pattern>     the pattern to find in the response (else meta.regex, else the gold answer)
+#   json:<field.path>   the field of the response's JSON to compare (else meta.json_field)
+#   judge:<model SPEC>  the model that grades with a rubric (meta.rubric, else a default one)
+CANONICAL_GRADERS = ("exact", "numeric", "choice", "regex", "contains", "json", "code", "judge")
+GRADER_ALIASES = {"multiple_choice": "choice", "code_exec": "code"}  # earlier names, still accepted
+GRADER_NAMES = ("auto", *CANONICAL_GRADERS, *GRADER_ALIASES)
+GRADERS_WITH_ARGUMENT = {"regex": False, "json": False, "judge": True}  # name -> argument required
 
 
 def spec_problem(spec: str) -> str | None:
@@ -31,10 +39,51 @@ def spec_problem(spec: str) -> str | None:
     return None
 
 
-def grader_problem(name: str) -> str | None:
-    if name in GRADER_NAMES:
+def split_grader(spec: str) -> tuple[str, str | None]:
+    """(name, argument) of a grader SPEC, aliases resolved: `regex:^\\d+$` -> ("regex", "^\\d+$"),
+    `choice` -> ("choice", None). Only the first colon splits, so that a judge's model SPEC
+    keeps its own: `judge:openai:m@url` -> ("judge", "openai:m@url")."""
+    name, sep, argument = spec.partition(":")
+    name = GRADER_ALIASES.get(name.strip(), name.strip())
+    return name, (argument if sep else None)
+
+
+def json_path(path: str) -> list[str | int]:
+    """The steps of a JSON field path: `answer.items.0` -> ["answer", "items", 0] (object keys,
+    or list indices where numeric). Raises ValueError for an empty step."""
+    parts = path.split(".")
+    if not path or any(not p for p in parts):
+        raise ValueError(f"bad JSON field path {path!r}: expected dot-separated names, e.g. answer.value")
+    return [int(p) if p.isdigit() else p for p in parts]
+
+
+def grader_problem(spec: str) -> str | None:
+    """Why `spec` is not a grader SPEC (unknown name, missing or bad argument), or None."""
+    name, argument = split_grader(spec)
+    if name not in GRADER_NAMES:
+        return f"unknown grader {name!r} (known: {', '.join(GRADER_NAMES)})"
+    if name not in GRADERS_WITH_ARGUMENT:
+        return None if argument is None else f"grader {name!r} takes no argument (got {argument!r})"
+    if argument is None or not argument.strip():
+        if GRADERS_WITH_ARGUMENT[name] or argument is not None:
+            return f"grader {name!r} needs an argument: {name}:<{_ARGUMENT_HINT[name]}>"
         return None
-    return f"unknown grader {name!r} (known: {', '.join(GRADER_NAMES)})"
+    if name == "regex":
+        try:
+            re.compile(argument)
+        except re.error as exc:
+            return f"grader regex: bad pattern {argument!r}: {exc}"
+    elif name == "json":
+        try:
+            json_path(argument)
+        except ValueError as exc:
+            return f"grader json: {exc}"
+    elif name == "judge" and (problem := spec_problem(argument)):
+        return f"grader judge: {problem}"
+    return None
+
+
+_ARGUMENT_HINT = {"regex": "pattern", "json": "field.path", "judge": "model SPEC"}
 
 
 def serves(patterns: str, spec: str) -> bool:

@@ -1,22 +1,29 @@
-"""Every Kafka topic and consumer-group name, in one place, with partition counts."""
+"""Every Kafka topic and consumer-group name, in one place, with partition counts.
+
+KAFKA_TOPIC_PREFIX (default empty) prefixes every name, so that a second pipeline can run
+beside the first on one broker without taking its messages (the tracing test does).
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-JOBS = "eval.jobs"
-SHARDS = "eval.shards"
-RESULTS = "eval.results"
-RETRY = "eval.retry"
-DLQ = "eval.dlq"
-HEARTBEATS = "eval.heartbeats"
-WORK_PREFIX = "eval.work."
+PREFIX = os.environ.get("KAFKA_TOPIC_PREFIX", "")
 
-PRODUCER_GROUP = "evalstream-producer"
-ROUTER_GROUP = "evalstream-router"
-AGGREGATOR_GROUP = "evalstream-aggregator"
-AGGREGATOR_DLQ_GROUP = "evalstream-aggregator-dlq"
-RETRY_GROUP = "evalstream-retry"
+JOBS = f"{PREFIX}eval.jobs"
+SHARDS = f"{PREFIX}eval.shards"
+RESULTS = f"{PREFIX}eval.results"
+RETRY = f"{PREFIX}eval.retry"
+DLQ = f"{PREFIX}eval.dlq"
+HEARTBEATS = f"{PREFIX}eval.heartbeats"
+WORK_PREFIX = f"{PREFIX}eval.work."
+
+PRODUCER_GROUP = f"{PREFIX}evalstream-producer"
+ROUTER_GROUP = f"{PREFIX}evalstream-router"
+AGGREGATOR_GROUP = f"{PREFIX}evalstream-aggregator"
+AGGREGATOR_DLQ_GROUP = f"{PREFIX}evalstream-aggregator-dlq"
+RETRY_GROUP = f"{PREFIX}evalstream-retry"
 
 
 def work_topic(group: str) -> str:
@@ -25,7 +32,7 @@ def work_topic(group: str) -> str:
 
 
 def worker_consumer_group(group: str) -> str:
-    return f"evalstream-worker-{group}"
+    return f"{PREFIX}evalstream-worker-{group}"
 
 
 @dataclass(frozen=True)

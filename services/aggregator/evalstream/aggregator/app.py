@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,14 +19,24 @@ from typing import Any
 import asyncpg
 import msgspec
 from faststream import AckPolicy
+from faststream.asgi import AsgiResponse
 from faststream.kafka.annotations import KafkaMessage
 
 from evalstream.aggregator import objects
 from evalstream.aggregator.store import DeadLetterRecord, ResultStore
-from evalstream.common import db, service, storage, topics
+from evalstream.common import db, report_html, service, storage, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import ItemResult, Shard, ShardResult, decode
-from evalstream.common.metrics import ITEMS, RUN_PROGRESS, RUNS
+from evalstream.common.metrics import (
+    ITEMS,
+    RUN_ACCURACY,
+    RUN_ITEMS,
+    RUN_PROGRESS,
+    RUN_SCORE,
+    RUNS,
+    STAGE_LATENCY,
+    forget_run,
+)
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 
@@ -42,6 +55,8 @@ _consumer = {
 
 
 @broker.subscriber(topics.RESULTS, group_id=topics.AGGREGATOR_GROUP, **_consumer)  # type: ignore[call-overload]
+@service.backoff_on_error()
+@telemetry.traced_batch(topics.AGGREGATOR_GROUP)
 async def on_results(msg: KafkaMessage) -> None:
     records = service.records_of(msg)
     results: list[ItemResult] = []
@@ -59,11 +74,14 @@ async def on_results(msg: KafkaMessage) -> None:
     results = [r for r in results if r.run_id in known]
     successes = [r for r in results if r.error is None]
     await store().write(successes, [r for r in results if r.error is not None])
-    ITEMS.labels(service="aggregator", status="succeeded").inc(len(successes))
+    crash_point("aggregator_exit_after_write")
+    await observe(results)
     await after_write({(r.run_id, r.shard_id) for r in results})
 
 
 @broker.subscriber(topics.DLQ, group_id=topics.AGGREGATOR_DLQ_GROUP, **_consumer)  # type: ignore[call-overload]
+@service.backoff_on_error()
+@telemetry.traced_batch(topics.AGGREGATOR_DLQ_GROUP)
 async def on_dead_letters(msg: KafkaMessage) -> None:
     """Every dead letter is recorded; one that carries items of a known run becomes their
     failed results, so the run still completes."""
@@ -112,8 +130,63 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     known = await store().known_runs(f.run_id for f in failures)
     failures = [f for f in failures if f.run_id in known]
     await store().write([], failures, letters)
-    ITEMS.labels(service="aggregator", status="failed").inc(len(failures))
+    await observe(failures)
     await after_write({(f.run_id, f.shard_id) for f in failures})
+
+
+# Run-labelled series live this long after their run completed (boards show the finished
+# run), then go: run ids are unbounded.
+RUN_SERIES_TTL_S = 15 * 60
+_run_created: dict[str, float] = {}
+
+
+async def observe(results: list[ItemResult]) -> None:
+    """Metrics of recorded results: final item outcomes, per-run counts and score, and
+    each item's end-to-end latency (its run was created -> its result is recorded)."""
+    per_run: dict[str, list[float]] = {}
+    for r in results:
+        counts = per_run.setdefault(r.run_id, [0, 0, 0.0])  # succeeded, failed, score
+        counts[1 if r.error is not None else 0] += 1
+        counts[2] += r.score
+    failed = sum(c[1] for c in per_run.values())
+    ITEMS.labels(service="aggregator", status="succeeded").inc(len(results) - failed)
+    ITEMS.labels(service="aggregator", status="failed").inc(failed)
+    created = await runs_created(set(per_run))
+    now = time.time()
+    e2e = STAGE_LATENCY.labels(stage="end_to_end")
+    for run_id, (ok, bad, score) in per_run.items():
+        RUN_ITEMS.labels(run_id=run_id, status="succeeded").inc(ok)
+        RUN_ITEMS.labels(run_id=run_id, status="failed").inc(bad)
+        RUN_SCORE.labels(run_id=run_id).inc(score)
+        if run_id in created:
+            latency = max(0.0, now - created[run_id])
+            for _ in range(int(ok + bad)):
+                e2e.observe(latency)
+
+
+async def runs_created(run_ids: set[str]) -> dict[str, float]:
+    """Unix creation time of each run (cached: it never changes)."""
+    missing = [r for r in run_ids if r not in _run_created]
+    if missing:
+        rows = await state["pool"].fetch(
+            "SELECT run_id, extract(epoch FROM created_at)::float8 AS t FROM runs WHERE run_id = ANY($1::text[])",
+            missing,
+        )
+        _run_created.update({r["run_id"]: r["t"] for r in rows})
+        while len(_run_created) > 10_000:
+            _run_created.pop(next(iter(_run_created)))
+    return {r: _run_created[r] for r in run_ids if r in _run_created}
+
+
+def crash_point(name: str) -> None:
+    """Fault injection (FAULT_INJECT="<name>=N"): die abruptly at the N-th pass, as a
+    kill -9 would, to prove that what was written but not committed is redelivered safely."""
+    spec = dict(p.split("=", 1) for p in settings.fault_inject.split(",") if "=" in p)
+    if name in spec:
+        state[name] = state.get(name, 0) + 1
+        if state[name] >= int(spec[name]):
+            log.warning("fault injection: exiting at %s #%d", name, state[name])
+            os._exit(137)
 
 
 def _int(value: str | None) -> int | None:
@@ -151,9 +224,42 @@ async def maybe_complete(run_id: str) -> None:
             "UPDATE runs SET summary = $2 WHERE run_id = $1", run_id, msgspec.json.encode(summary).decode()
         )
     await asyncio.to_thread(objects.write_report, state["s3"], settings.s3_bucket_results, run_id, summary)
+    await save_report_html(run_id, summary)
+    RUN_ACCURACY.labels(run_id=run_id).set(summary["accuracy"] or 0.0)
     if status != "completed":
+        asyncio.get_running_loop().call_later(RUN_SERIES_TTL_S, forget_run, run_id)
         RUNS.labels(outcome="completed").inc()
         log.info("run %s completed: %d items, accuracy %s", run_id, total, summary["accuracy"])
+
+
+async def save_report_html(run_id: str, summary: dict[str, Any]) -> None:
+    """The HTML report beside report.json. Derived data: a failure here is logged, never
+    allowed to hold up the batch (the page is also rendered on demand over HTTP)."""
+    try:
+        page = report_html.render(await report_html.collect(state["pool"], run_id, summary))
+        await asyncio.to_thread(
+            storage.put_bytes,
+            state["s3"],
+            settings.s3_bucket_results,
+            report_html.object_name(run_id),
+            page.encode(),
+            "text/html; charset=utf-8",
+        )
+    except Exception:
+        log.exception("run %s: HTML report not saved to S3", run_id)
+
+
+async def report_page(scope: Any, receive: Any, send: Any) -> None:
+    """GET /runs/<run_id>/report.html: the run's report, rendered from the database now."""
+    parts = scope["path"].split("/")
+    response = AsgiResponse(b"not found\n", 404)
+    if scope["method"] in ("GET", "HEAD") and len(parts) == 4 and parts[3] == "report.html":
+        try:
+            page = await report_html.render_run(state["pool"], urllib.parse.unquote(parts[2]))
+            response = AsgiResponse(page.encode(), 200, {"content-type": "text/html; charset=utf-8"})
+        except KeyError:
+            response = AsgiResponse(b"no such run\n", 404)
+    await response(scope, receive, send)
 
 
 def store() -> ResultStore:
@@ -178,4 +284,6 @@ async def database_ready() -> bool:
         return False
 
 
-app = service.make_app(broker, lifespan=lifespan, ready_checks=[database_ready])
+app = service.make_app(
+    broker, lifespan=lifespan, ready_checks=[database_ready], prefix_routes=[("/runs/", report_page)]
+)

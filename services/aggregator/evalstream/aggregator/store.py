@@ -29,6 +29,7 @@ _COLUMNS = (
     "cache_hit",
     "latency_ms",
     "served_by",
+    "model_revision",
     "prompt_tokens",
     "completion_tokens",
     "truncated",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ state: dict[str, Intake] = {}
     ack_policy=AckPolicy.NACK_ON_ERROR,
     max_poll_interval_ms=30 * 60 * 1000,
 )
+@service.backoff_on_error(2.0)
 async def on_job(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
     raw: bytes = record.value or b""
@@ -46,12 +46,7 @@ async def on_job(msg: KafkaMessage) -> None:
     async def publish(payload: bytes, key: str) -> None:
         await broker.publish(payload, topics.SHARDS, key=key.encode())
 
-    try:
-        outcome = await state["intake"].handle(job, run_id, publish)
-    except Exception:
-        log.exception("job %s failed; it will be redelivered", run_id)
-        await asyncio.sleep(2.0)  # don't spin while PostgreSQL or S3 is down
-        raise
+    outcome = await state["intake"].handle(job, run_id, publish)
     RUNS.labels(outcome=outcome).inc()
 
 

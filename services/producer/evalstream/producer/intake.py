@@ -95,9 +95,16 @@ def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
             retry=job.retry,
             worker_group=job.worker_group,
             sla_fallback=job.sla_fallback,
+            bypass_cache=job.bypass_cache,
         )
         for i, chunk in enumerate(chunks)
     ]
+
+
+def stored_copy(items: list[Item]) -> bytes:
+    """The dataset as stored in S3 (and read back by reproductions): JSONL of the items,
+    which loads back to the same content hash."""
+    return b"".join(encode(i) + b"\n" for i in items)
 
 
 class Intake:
@@ -142,6 +149,7 @@ class Intake:
             dataset_format=loaded.format,
             total=len(loaded.items),
             shard_count=len(shards),
+            filename=loaded.filename,
         )
         digest = manifest_sha256(manifest)
         await asyncio.to_thread(self._store_manifest, run_id, manifest)
@@ -155,6 +163,7 @@ class Intake:
             len(loaded.items),
             len(shards),
         )
+        await self._record_version(loaded, stored_uri, run_id, from_store=stored_uri == job.dataset)
         # Every shard is acknowledged by the broker before the run counts as published.
         await asyncio.gather(*(publish(encode(s), run_id) for s in shards))
         await self.pool.execute(
@@ -187,9 +196,28 @@ class Intake:
     def _store_dataset(self, loaded: LoadedDataset, uri: str) -> str:
         """Content-addressed copy: identical content is stored (and versioned) once."""
         name = f"datasets/{loaded.content_sha256}/items.jsonl"
-        body = b"".join(encode(i) + b"\n" for i in loaded.items)
+        body = stored_copy(loaded.items)
         storage.put_bytes(self.s3, self.settings.s3_bucket_datasets, name, body, "application/x-ndjson")
         return f"s3://{self.settings.s3_bucket_datasets}/{name}"
+
+    async def _record_version(
+        self, loaded: LoadedDataset, uri: str, run_id: str, *, from_store: bool
+    ) -> None:
+        """One row per dataset content: the first run makes it, later ones add file names
+        (not the store's own name, when a reproduction reads the stored copy)."""
+        await self.pool.execute(
+            "INSERT INTO dataset_versions (content_sha256, name, names, items, uri, first_run_id)"
+            " VALUES ($1, $2, CASE WHEN $6 THEN '{}'::text[] ELSE ARRAY[$2] END, $3, $4, $5)"
+            " ON CONFLICT (content_sha256) DO UPDATE SET names = CASE"
+            " WHEN $6 OR $2 = ANY(dataset_versions.names) THEN dataset_versions.names"
+            " ELSE dataset_versions.names || $2 END",
+            loaded.content_sha256,
+            loaded.filename,
+            len(loaded.items),
+            uri,
+            run_id,
+            from_store,
+        )
 
     def _store_manifest(self, run_id: str, manifest: dict[str, object]) -> None:
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()

@@ -1,5 +1,19 @@
-"""The run manifest: everything that determines a run's answers, hashed, so that a report
-can name exactly what produced it."""
+"""The run manifest: everything that determines a run's answers and grades, hashed, so that
+a report can name exactly what produced it and `evalctl reproduce` can run it again.
+
+What the hash covers (`hashed_part`) is what determines the results: the dataset's content
+(order- and format-independent), the model SPEC and whether a fallback model may answer,
+the generation parameters and seed, the prompt templates actually applied (the job's own,
+or the workers' per-grader defaults), the system prompt, the grader and its version, and
+the code version. It leaves out what identifies one submission or how it was executed:
+run id and time (not in the manifest at all), the uploaded file (name, bytes hash, format:
+a CSV and a JSONL of the same items are the same dataset), where the copy is stored (bucket
+names differ between deployments), sharding, retries, worker pinning, cache use.
+
+The model's weights hash is not knowable here (the producer has no model files): workers
+report the revision that served each answer, and the run summary lists them
+(`served_revisions`).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +29,11 @@ import msgspec
 
 from evalstream.common.keys import canonical_json
 from evalstream.common.messages import JobSpec
+from evalstream.common.prompts import effective_templates, templates_sha256
+from evalstream.common.versions import grader_version, graders_for
+
+MANIFEST_VERSION = 2
+UNHASHED = ("source", "execution")  # top-level sections the hash leaves out
 
 
 @cache
@@ -50,6 +69,17 @@ def code_version() -> dict[str, Any]:
     return {"package": version, "git_commit": commit, "git_dirty": dirty}
 
 
+def prompt_section(job: JobSpec) -> dict[str, Any]:
+    templates = effective_templates(job.prompt_template, graders_for(job.grader))
+    system = job.system_prompt
+    return {
+        "templates": templates,  # grader -> template text (items with `messages` use none)
+        "templates_sha256": templates_sha256(templates),
+        "system_prompt": system,
+        "system_prompt_sha256": hashlib.sha256(system.encode()).hexdigest() if system else None,
+    }
+
+
 def build_manifest(
     job: JobSpec,
     *,
@@ -59,27 +89,55 @@ def build_manifest(
     dataset_format: str,
     total: int,
     shard_count: int,
+    filename: str | None = None,
 ) -> dict[str, Any]:
+    """`dataset_uri`: the content-addressed copy in S3 (what a reproduction reads);
+    `dataset_sha256`: of the uploaded bytes; `content_sha256`: of the items."""
     return {
-        "dataset": {
-            "uri": dataset_uri,
-            "sha256": dataset_sha256,
-            "content_sha256": content_sha256,
-            "format": dataset_format,
-            "items": total,
-        },
-        "model": job.model,
-        "grader": job.grader,
+        "manifest_version": MANIFEST_VERSION,
+        "dataset": {"content_sha256": content_sha256, "items": total},
+        "model": {"spec": job.model, "sla_fallback": job.sla_fallback},
         "generation": msgspec.to_builtins(job.generation),
-        "prompt_template": job.prompt_template,
-        "system_prompt": job.system_prompt,
-        "shard_size": job.shard_size,
-        "shard_count": shard_count,
-        "retry": msgspec.to_builtins(job.retry),
         "seed": job.generation.seed,
+        "prompt": prompt_section(job),
+        "grader": {"name": job.grader, "version": grader_version(job.grader)},
         "code": code_version(),
+        "source": {
+            "uri": dataset_uri,
+            "uploaded": job.dataset,
+            "filename": filename,
+            "sha256": dataset_sha256,
+            "format": dataset_format,
+        },
+        "execution": {
+            "shard_size": job.shard_size,
+            "shard_count": shard_count,
+            "retry": msgspec.to_builtins(job.retry),
+            "worker_group": job.worker_group,
+            "bypass_cache": job.bypass_cache,
+            # the job's own template (None: the defaults), as a reproduction must pass it
+            "prompt_template": job.prompt_template,
+        },
     }
 
 
+def hashed_part(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in manifest.items() if k not in UNHASHED}
+
+
 def manifest_sha256(manifest: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(manifest).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(hashed_part(manifest)).encode()).hexdigest()
+
+
+def manifest_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths where the hashed parts of two manifests differ, e.g. "code.git_commit"."""
+    out: list[str] = []
+    ha, hb = (hashed_part(a), hashed_part(b)) if not prefix else (a, b)
+    for key in sorted(set(ha) | set(hb)):
+        va, vb = ha.get(key), hb.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += manifest_differences(va, vb, f"{path}.")
+        elif va != vb:
+            out.append(path)
+    return out

@@ -12,15 +12,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
+from opentelemetry.trace import Span
 
-from evalstream.common import db, service, topics
+from evalstream.common import db, logs, service, telemetry, topics
 from evalstream.common.messages import Heartbeat, Shard, ShardResult, WorkerStatus, decode, encode
 from evalstream.common.metrics import (
     CPU_UTILIZATION,
@@ -29,9 +30,11 @@ from evalstream.common.metrics import (
     GPU_POWER,
     GPU_TEMPERATURE,
     GPU_UTILIZATION,
+    HOST_MEMORY_AVAILABLE,
     ITEMS,
     SHARDS,
     STAGE_LATENCY,
+    WORKER_HEARTBEAT,
 )
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves
@@ -89,17 +92,29 @@ state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
     # A batch on a slow device can take minutes: don't let the group evict us for it (the
     # model work runs in a thread, so heartbeats keep flowing). A stopped or dead process
     # is still noticed within the session timeout.
-    max_poll_interval_ms=60 * 60 * 1000,
+    max_poll_interval_ms=settings.worker_max_poll_interval_ms,
     session_timeout_ms=30_000,
     heartbeat_interval_ms=3_000,
     max_partition_fetch_bytes=8 * 1024 * 1024,
 )
+@service.backoff_on_error()
 async def on_shards(msg: KafkaMessage) -> None:
     records = service.records_of(msg)
+    now = time.time()
+    for record in records:  # broker timestamp of the router's publish -> picked up here
+        STAGE_LATENCY.labels(stage="queue_wait").observe(max(0.0, now - record.timestamp / 1000))
+    with telemetry.consume_spans(records, topics.worker_consumer_group(settings.worker_group)) as spans:
+        await handle_shards(records, spans)
+
+
+async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) -> None:
     shards: list[Shard] = []
-    for record in records:
+    span_of: dict[str, Span] = {}
+    for record, span in zip(records, spans, strict=True):
         try:
             shards.append(decode(record.value or b"", Shard))
+            span_of[shards[-1].shard_id] = span
+            span.set_attribute("evalstream.shard_id", shards[-1].shard_id)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await service.dead_letter(
                 broker, record.value or b"", service.dead_letter_headers(record, exc), key=record.key
@@ -110,16 +125,21 @@ async def on_shards(msg: KafkaMessage) -> None:
     state["in_flight"] = len(shards)
     started = time.monotonic()
     try:
-        outcome = await state["runner"].run(shards)
-        await publish_outcome(shards, outcome)
+        with logs.bind(shard_id=",".join(s.shard_id for s in shards[:8])):
+            outcome = await state["runner"].run(shards)
+            await publish_outcome(shards, outcome, span_of)
     finally:
         state["in_flight"] = 0
     STAGE_LATENCY.labels(stage="worker_batch").observe(time.monotonic() - started)
 
 
-async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
+async def publish_outcome(
+    shards: list[Shard], outcome: Outcome, spans: Mapping[str, Span] | None = None
+) -> None:
     """Results, retries and dead letters, all acknowledged by the broker before we return
-    (and so before the offsets are committed)."""
+    (and so before the offsets are committed). Each is published inside its shard's span, so
+    that it carries the shard's trace on."""
+    span = (spans or {}).get
     sends = []
     for shard in shards:
         results = outcome.results.get(shard.shard_id, [])
@@ -131,7 +151,12 @@ async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
                 group=settings.worker_group,
                 results=results,
             )
-            sends.append(broker.publish(encode(payload), topics.RESULTS, key=shard.run_id.encode()))
+            sends.append(
+                telemetry.in_span(
+                    span(shard.shard_id),
+                    broker.publish(encode(payload), topics.RESULTS, key=shard.run_id.encode()),
+                )
+            )
         ITEMS.labels(service="worker", status="succeeded").inc(len(results))
         ITEMS.labels(service="worker", status="cache_hit").inc(sum(r.cache_hit for r in results))
         SHARDS.labels(service="worker", outcome="done").inc()
@@ -140,7 +165,7 @@ async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
         if f.transient and f.shard.attempt < f.shard.retry.max_attempts:
             retry.setdefault(f.shard.shard_id, []).append(f)
         else:
-            sends.append(dead_letter_item(f))
+            sends.append(telemetry.in_span(span(f.shard.shard_id), dead_letter_item(f)))
     for failures in retry.values():
         shard = failures[0].shard
         again = msgspec.structs.replace(
@@ -149,7 +174,11 @@ async def publish_outcome(shards: list[Shard], outcome: Outcome) -> None:
             attempt=shard.attempt + 1,
             not_before=time.time() + shard.retry.delay_after(shard.attempt),
         )
-        sends.append(broker.publish(encode(again), topics.RETRY, key=shard.run_id.encode()))
+        sends.append(
+            telemetry.in_span(
+                span(shard.shard_id), broker.publish(encode(again), topics.RETRY, key=shard.run_id.encode())
+            )
+        )
         ITEMS.labels(service="worker", status="retried").inc(len(failures))
     await asyncio.gather(*sends)
 
@@ -196,7 +225,11 @@ async def heartbeat(status: WorkerStatus) -> None:
             GPU_POWER.labels(device=m.device).set(m.gpu_power_w)
     if m.cpu_utilization is not None:
         CPU_UTILIZATION.set(m.cpu_utilization)
+    if m.memory_free_bytes is not None:
+        HOST_MEMORY_AVAILABLE.set(m.memory_free_bytes)
     await broker.publish(encode(hb), topics.HEARTBEATS, key=worker_id.encode())
+    # Only once it is on the broker: the "group without heartbeats" alert reads this.
+    WORKER_HEARTBEAT.labels(worker_group=settings.worker_group, worker_id=worker_id).set(hb.ts)
 
 
 async def heartbeat_loop() -> None:

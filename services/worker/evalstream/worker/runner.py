@@ -15,9 +15,17 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from evalstream.common import telemetry
 from evalstream.common.keys import cache_key
 from evalstream.common.messages import Item, ItemResult, Shard
-from evalstream.common.metrics import BATCH_SIZE, ENGINE_BUSY, PADDING_RATIO, STAGE_LATENCY, TOKENS
+from evalstream.common.metrics import (
+    BATCH_SIZE,
+    ENGINE_BUSY,
+    ENGINE_BUSY_SECONDS,
+    PADDING_RATIO,
+    STAGE_LATENCY,
+    TOKENS,
+)
 from evalstream.worker.batching import padding_ratio, plan_batches
 from evalstream.worker.cache import AnswerCache, CachedAnswer
 from evalstream.worker.engines.base import Engine, EngineError, GenRequest
@@ -77,10 +85,14 @@ class ModelRunner:
     async def run(self, shards: list[Shard]) -> Outcome:
         outcome = Outcome(results={s.shard_id: [] for s in shards})
         pending = await asyncio.to_thread(self._prepare, shards, outcome)
-        hits = await self.cache.get_many([p.key for p in pending if p.key]) if self.cache else {}
-        misses = [p for p in pending if p.key not in hits]
+        # a shard that bypasses the cache (a reproduction) never reads it, even for a key
+        # that another shard of the same round looked up
+        readers = [p for p in pending if p.key and not p.shard.bypass_cache]
+        hits = await self.cache.get_many([p.key for p in readers if p.key]) if self.cache else {}
+        cached = {id(p) for p in readers if p.key in hits}
+        misses = [p for p in pending if id(p) not in cached]
         answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]] = [
-            (p, hits[p.key], 0.0, True, False) for p in pending if p.key in hits
+            (p, hits[p.key], 0.0, True, False) for p in readers if id(p) in cached and p.key
         ]
         by_engine: dict[int, list[_Pending]] = {}
         for p in misses:
@@ -99,9 +111,12 @@ class ModelRunner:
                 BATCH_SIZE.observe(len(batch))
                 PADDING_RATIO.observe(padding_ratio([p.prompt_tokens for p in batch]))
                 started = time.monotonic()
-                outputs = await asyncio.to_thread(engine.generate, [p.request for p in batch])
+                with telemetry.engine_span(batch[0].shard.model, batch[0].request.params, len(batch)) as span:
+                    outputs = await asyncio.to_thread(engine.generate, [p.request for p in batch])
+                    telemetry.record_usage(span, outputs)
                 elapsed = time.monotonic() - started
                 self.busy_s += elapsed
+                ENGINE_BUSY_SECONDS.inc(elapsed)
                 STAGE_LATENCY.labels(stage="engine").observe(elapsed)
                 for p, out in zip(batch, outputs, strict=True):
                     if isinstance(out, EngineError):
@@ -184,6 +199,7 @@ class ModelRunner:
                     cache_hit=cache_hit,
                     latency_ms=latency_ms,
                     served_by=f"{self.config.group}/{p.engine.name}",
+                    model_revision=p.engine.revision,
                     prompt_tokens=answer.prompt_tokens,
                     completion_tokens=answer.completion_tokens,
                     truncated=truncated,
@@ -201,6 +217,7 @@ class ModelRunner:
 
     def take_stats(self) -> tuple[float, float, float, float]:
         """(p50 ms, p95 ms, tokens/s, error rate) since the last call, for heartbeats."""
+        self._update_busy()  # heartbeats keep the busy gauge fresh while no batch runs
         lat = sorted(self.recent_latency_ms)
         p50 = lat[len(lat) // 2] if lat else 0.0
         p95 = lat[min(len(lat) - 1, int(len(lat) * 0.95))] if lat else 0.0

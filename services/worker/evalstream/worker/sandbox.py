@@ -10,14 +10,23 @@ Isolation, layer by layer:
   processes: fork/vfork/clone without CLONE_THREAD fail with EPERM, so a fork bomb dies at
   its first fork. RLIMIT_NPROC cannot do this job: the kernel never enforces it for real
   uid 0, which the sandboxed program keeps whenever the worker runs as root.
-* rlimits set by the bootstrap inside the sandbox before any candidate code runs: address
-  space (1 GiB by default), file size, no core dumps.
+* rlimits set by the bootstrap inside the sandbox before any candidate code runs: CPU time
+  (SIGXCPU, then SIGKILL a second later: threads spinning in C code cannot outrun the wall
+  clock's share of the machine), address space (1 GiB by default), file size, no core dumps.
 * the host side: a wall-clock deadline that kills the whole process group (the sandbox's
   pid namespace dies with it, see --die-with-parent), and a cap on stdout+stderr volume.
 
 The interpreter is the worker's own (`sys.executable`, resolved past a venv's link to it)
-run with `-I -S`: no site-packages, no environment variables, no user site, so the candidate
-sees only the standard library, as in the original HumanEval harness.
+run with `-I -S`: no site-packages, no user site, so the candidate sees only the standard
+library, as in the original HumanEval harness. The environment is empty (bwrap --clearenv,
+and nothing passed to bwrap either): no credential of the worker's can leak into it.
+
+A pass needs a secret nonce that the bootstrap prints only after the program ran to its end,
+so that exiting early with status 0 or printing "PASS" is a fail. The nonce defends the
+grade against accidents and naive tricks, not against a program that deliberately searches
+its own interpreter's memory for it (it runs in the same process; so does, e.g., an object
+whose __eq__ always answers True): grading integrity against adversarial code needs review
+of the code, which no sandbox gives. The host's safety does not depend on the nonce.
 
 `run_program` is synchronous and keeps no shared mutable state except a lock-guarded
 "already probed" set, so it is safe to call from many threads of a pool at once.
@@ -63,6 +72,7 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Limits:
     timeout_s: float = 10.0  # wall clock, sandbox start-up included
+    cpu_seconds: int = 10  # RLIMIT_CPU of the candidate process (all its threads together)
     memory_bytes: int = 1 << 30  # RLIMIT_AS of the candidate process
     max_output_bytes: int = 1 << 20  # stdout + stderr; the run is killed beyond it
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE (files in the private /tmp)
@@ -89,18 +99,23 @@ _CHUNK = 65536
 EXIT_EARLY_EXIT = 3  # the program called exit() before it finished
 
 # Runs first inside the sandbox, as python -I -S -c BOOTSTRAP <program fd> <AS bytes>
-# <FSIZE bytes> <exit code for an early exit()>. The program comes through an inherited memfd:
+# <FSIZE bytes> <CPU seconds> <exit code for an early exit()>. The program comes through an inherited memfd:
 # not argv (size limits), not stdin (left to the program, at EOF). Its first line is a nonce,
 # printed only after the program ran to its end, so an early os._exit(0) cannot pass for
 # success. Tracebacks go through the `traceback` module, which reads source lines from
 # linecache, so they show the failing line.
 _BOOTSTRAP = """\
 import linecache, os, resource, sys, traceback
-fd, mem, fsize, early_exit = (int(a) for a in sys.argv[1:5])
+fd, mem, fsize, cpu, early_exit = (int(a) for a in sys.argv[1:6])
 with open(fd, "rb") as f:
     nonce, _, src = f.read().decode("utf-8").partition("\\n")
-for res, lim in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_CORE, 0)):
-    resource.setrlimit(res, (lim, lim))
+for res, soft, hard in (
+    (resource.RLIMIT_AS, mem, mem),
+    (resource.RLIMIT_FSIZE, fsize, fsize),
+    (resource.RLIMIT_CORE, 0, 0),
+    (resource.RLIMIT_CPU, cpu, cpu + 1),
+):
+    resource.setrlimit(res, (soft, hard))
 linecache.cache["<candidate>"] = (len(src), None, src.splitlines(True), "<candidate>")
 try:
     exec(compile(src, "<candidate>", "exec"), {"__name__": "__candidate__", "__builtins__": __builtins__})
@@ -250,15 +265,16 @@ def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxRes
         "--proc", "/proc",
         "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
         "--unshare-all",
+        "--clearenv",
         "--die-with-parent",
         "--new-session",
         "--cap-drop", "ALL",
         "--chdir", "/tmp",
         "--seccomp", str(seccomp_fd),
         python, "-I", "-S", "-c", _BOOTSTRAP,
-        str(prog_fd), str(limits.memory_bytes), str(limits.max_file_bytes), str(EXIT_EARLY_EXIT),
+        str(prog_fd), str(limits.memory_bytes), str(limits.max_file_bytes), str(limits.cpu_seconds),
+        str(EXIT_EARLY_EXIT),
     ]  # fmt: skip
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -267,7 +283,7 @@ def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxRes
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(prog_fd, seccomp_fd),
-            env=env,
+            env={},  # the sandbox inherits nothing (bwrap and python are absolute paths)
             start_new_session=True,
         )
     finally:
@@ -282,6 +298,8 @@ def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxRes
         if timed_out or exceeded:
             _kill_group(proc)
         exit_code = proc.wait()
+    if exit_code > 128:  # bwrap reports a child killed by signal N as 128 + N
+        exit_code = 128 - exit_code
     duration = time.monotonic() - start
     stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace")

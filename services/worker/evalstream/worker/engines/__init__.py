@@ -1,7 +1,7 @@
 """Model SPECs → engines.
 
     hf:<model dir | file.gguf | bundled name>   local torch engine (default: the bundled SmolLM2)
-    openai:<model>@<base_url>                  OpenAI-compatible server (not built yet)
+    openai:<model>@<base_url>[?options]        OpenAI-compatible server (options: engines/openai.py)
     replay:<file.jsonl>                        answers produced elsewhere
     null                                       instant empty answers (pipeline measurements)
 
@@ -101,6 +101,12 @@ def parse_spec(spec: str) -> ParsedSpec:
         model, at, base_url = target.rpartition("@")
         if not at or not model or not base_url.startswith(("http://", "https://")):
             raise EngineConfigError(f"model spec {spec!r}: expected openai:<model>@<http(s) base_url>")
+        from evalstream.worker.engines.openai import OpenAIConfigError, parse_target
+
+        try:
+            parse_target(target)
+        except OpenAIConfigError as exc:
+            raise EngineConfigError(f"model spec {spec!r}: {exc}") from None
     return ParsedSpec(scheme, target)
 
 
@@ -177,7 +183,9 @@ def load_engine(spec: str, settings: Settings, *, faults: str | None = None) -> 
         assert path is not None
         engine = HFEngine(path, name=name, cache_dir=Path(settings.resolved_model_cache_dir))
     else:
-        raise EngineConfigError(f"model spec {spec!r}: the openai engine is not built yet")
+        from evalstream.worker.engines.openai import OpenAIEngine, parse_target
+
+        engine = OpenAIEngine(parse_target(parsed.target), name=name)
     if faults:
         from evalstream.worker.engines.chaos import ChaosEngine
 

@@ -11,9 +11,12 @@ from collections.abc import Callable
 from functools import cache
 
 from evalstream.common.messages import Item
+
+# versions are kept in the shared library: the producer records them in run manifests
+from evalstream.common.versions import AUTO_VERSION as GRADER_VERSION
+from evalstream.common.versions import GRADER_VERSIONS, grader_version
 from evalstream.worker.grading import code_exec, exact, multiple_choice, numeric
 from evalstream.worker.grading.base import Grade, Grader, GradingError
-from evalstream.worker.grading.clean import CLEAN_VERSION
 
 __all__ = [
     "GRADERS",
@@ -38,19 +41,12 @@ GRADERS: dict[str, GraderFactory] = {
     "multiple_choice": multiple_choice.multiple_choice,
     "code_exec": code_exec.code_exec,
 }
-GRADER_VERSIONS: dict[str, str] = {
-    "exact": exact.GRADER_VERSION,
-    "numeric": numeric.GRADER_VERSION,
-    "multiple_choice": multiple_choice.GRADER_VERSION,
-    "code_exec": code_exec.GRADER_VERSION,
-}
 _PROBLEMS: dict[str, Callable[[Item], str | None]] = {
     "exact": exact.problem,
     "numeric": numeric.problem,
     "multiple_choice": multiple_choice.problem,
     "code_exec": code_exec.problem,
 }
-GRADER_VERSION = "1"  # of the registry itself: the "auto" selection rules below
 AUTO = "auto"
 GRADER_NAMES: frozenset[str] = frozenset({AUTO, *GRADERS})
 
@@ -97,12 +93,3 @@ def item_problem(name: str, item: Item) -> str | None:
     """Why `item` cannot be graded by `name` (after "auto" resolution), or None: lets the
     producer reject a dataset before a run starts instead of failing items mid-run."""
     return _PROBLEMS[resolve_grader(name, item)](item)
-
-
-def grader_version(name: str) -> str:
-    """What a run manifest records: the versions of the grader(s) that `name` may use and of
-    the response cleaning they share, e.g. "numeric/1 clean/1"."""
-    names = sorted(GRADERS) if name == AUTO else [_known(name)]
-    parts = [f"{AUTO}/{GRADER_VERSION}"] if name == AUTO else []
-    parts += [f"{n}/{GRADER_VERSIONS[n]}" for n in names]
-    return " ".join([*parts, f"clean/{CLEAN_VERSION}"])

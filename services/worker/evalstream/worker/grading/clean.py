@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
-CLEAN_VERSION = "1"  # part of every grader's version: changing the cleaning changes grades
+# Changing the cleaning changes grades: bump CLEAN_VERSION in evalstream.common.versions.
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
 _THINK_CLOSE = re.compile(r"</think>", re.I)
@@ -12,6 +14,11 @@ _THINK_OPEN = re.compile(r"<think>", re.I)
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)  # unclosed: to the end
 _PYTHON_LANGS = {"", "python", "py", "python3"}
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
+_JSON_LANGS = {"", "json", "jsonc", "json5"}
+_JSON_START = re.compile(r"[{\[]")
+_MAX_JSON_SCAN = 100_000  # characters; a JSON answer is far shorter
+_MAX_JSON_STARTS = 500  # bounds the work on brace-heavy text that never parses
+_decoder = json.JSONDecoder()
 
 
 def strip_think(text: str) -> str:
@@ -58,3 +65,37 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
 
 def _trim(code: str) -> str:
     return _LEADING_BLANK_LINES.sub("", code).rstrip()
+
+
+def extract_json(text: str) -> dict[str, Any] | list[Any] | None:
+    """The JSON object or array in a response: the last ``` block (json or untagged) that
+    parses, else the last top-level object or array found in the text ("Here you go:
+    {"a": 1} Hope it helps." -> {"a": 1}); None when there is none. Scalars are not
+    extracted: a bare number or word in prose is not a JSON answer."""
+    text = strip_think(text)[:_MAX_JSON_SCAN]
+    fenced = [body for lang, body in _FENCE.findall(text) if lang.lower() in _JSON_LANGS]
+    for body in reversed(fenced):
+        found = _json_values(body)
+        if found:
+            return found[-1]
+    found = _json_values(text)
+    return found[-1] if found else None
+
+
+def _json_values(text: str) -> list[dict[str, Any] | list[Any]]:
+    """Every top-level JSON object or array in `text`, left to right; what lies inside one
+    found value is not searched again."""
+    out: list[dict[str, Any] | list[Any]] = []
+    pos = 0
+    for _ in range(_MAX_JSON_STARTS):
+        m = _JSON_START.search(text, pos)
+        if m is None:
+            break
+        try:
+            value, end = _decoder.raw_decode(text, m.start())
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+            pos = m.start() + 1
+            continue
+        out.append(value)
+        pos = end
+    return out

@@ -14,11 +14,12 @@ import re
 import signal
 
 from evalstream.common.messages import Item
+from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import defines, extract_code, strip_think
 from evalstream.worker.sandbox import DEFAULT_LIMITS, Limits, SandboxResult, run_program
 
-GRADER_VERSION = "1"
+GRADER_VERSION = GRADER_VERSIONS["code_exec"]  # bump it there: run manifests record it
 MAX_EXTRACTED = 4000
 MAX_DETAIL = 500
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import re
 
 from evalstream.common.messages import Item
+from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 
-GRADER_VERSION = "1"
+GRADER_VERSION = GRADER_VERSIONS["exact"]  # bump it there: run manifests record it
 
 _ANSWER_PREFIX = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)\s*:?\s*")
 _WRAPPERS = " \"'`*"  # quotes and markdown emphasis around an answer

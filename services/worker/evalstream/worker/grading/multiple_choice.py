@@ -14,11 +14,12 @@ import re
 import string
 
 from evalstream.common.messages import Item
+from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 from evalstream.worker.grading.exact import contains_word, normalize
 
-GRADER_VERSION = "1"
+GRADER_VERSION = GRADER_VERSIONS["multiple_choice"]  # bump it there: run manifests record it
 LETTERS = string.ascii_uppercase
 
 _LONE_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\]]?[.:]?")

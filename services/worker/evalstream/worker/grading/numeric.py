@@ -1,11 +1,14 @@
 """Numeric answers (GSM8K, arithmetic): the final number of a response against the gold number.
 
-Where the response marks its answer, that wins over the last number in the text, in this
-order: the last \\boxed{...}, the last "#### ...", the last "answer is ..." / "answer: ...".
-Numbers may carry a sign, a "$", thousands separators ("1,234"), decimals, an exponent or a
-"%" (dropped: "12%" reads as 12), or be fractions ("1/2", "\\frac{1}{2}"). A gold answer may
-be GSM8K's full solution ending in "#### 42". Equal means within a relative tolerance of
-1e-6 (absolute 1e-9 near zero).
+The final answer, exactly as the policy says: the content of the last \\boxed{...} if there
+is one (its last number), else what follows the last "####" (its first number), else the
+last number in the text. No other marker counts ("the answer is 8, after 3 steps" reads as
+3). Numbers may carry a sign (ASCII or Unicode minus), a "$", thousands separators
+("1,234"), decimals, scientific notation ("1e6", "2.5E-3"), a trailing "%" (dropped: "12%"
+reads as 12, so a gold "25%" matches 25), be fractions ("3/4", "\\frac{3}{4}"), or be written
+in full-width characters ("１２３"); number words are not parsed. A gold answer may be
+GSM8K's full solution ending in "#### 42". Equal means within a relative tolerance of 1e-6
+(absolute 1e-9 near zero).
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import math
 import re
 
 from evalstream.common.messages import Item
+from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 
-GRADER_VERSION = "1"
+GRADER_VERSION = GRADER_VERSIONS["numeric"]  # bump it there: run manifests record it
 REL_TOL = 1e-6
 ABS_TOL = 1e-9
 
@@ -32,17 +36,22 @@ _NUMBER = re.compile(
 )
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_IS = re.compile(r"\banswer\s*(?:is\b|:|=)", re.I)
+# Full-width digits and signs (U+FF10.., as East Asian keyboards type them), and Unicode
+# minus signs, as their ASCII forms. Not NFKC: it would also turn "10²" into "102".
+_TO_ASCII = str.maketrans(
+    {**{chr(0xFF10 + d): str(d) for d in range(10)}, "．": ".", "，": ",", "％": "%", "＋": "+",
+     "－": "-", "／": "/", "＄": "$", "−": "-", "‒": "-", "–": "-", "﹣": "-"}
+)  # fmt: skip
 
 
 def _prepare(text: str) -> str:
-    """LaTeX spellings of plain numbers: \\frac{1}{2}, 1{,}234, \\$, \\!."""
-    text = _LATEX_FRAC.sub(r"\1/\2", text)
+    """ASCII digits and signs; LaTeX spellings of plain numbers: \\frac{1}{2}, 1{,}234, \\$, \\!."""
+    text = _LATEX_FRAC.sub(r"\1/\2", text.translate(_TO_ASCII))
     return text.replace("{,}", ",").replace("\\$", "$").replace("\\!", "")
 
 
 def _value(m: re.Match[str]) -> float | None:
-    sign = -1.0 if m["sign"] in ("-", "−") else 1.0
+    sign = -1.0 if m["sign"] == "-" else 1.0
     exp = float(f"1{m['exp']}") if m["exp"] else 1.0
     if m["num"] is not None:
         den = int(m["den"])
@@ -68,15 +77,15 @@ def _boxed_contents(text: str) -> list[str]:
 
 
 def extract_number(text: str) -> float | None:
-    """The answer number of a response: the first number after the strongest answer marker
-    that has one, else the last number in the text."""
+    """The answer number of a response, by the policy above. A marker decides even when it
+    holds no number: "\\boxed{n}" is no numeric answer, whatever numbers precede it."""
     text = _prepare(text)
-    boxed = _boxed_contents(text)
-    hashes = text.split("####")[1:]
-    answer_is = [text[m.end() :].split("\n", 1)[0] for m in _ANSWER_IS.finditer(text)]
-    for segments in (boxed, hashes, answer_is):
-        if segments and (found := _numbers(segments[-1])):
-            return found[0]
+    if boxed := _boxed_contents(text):
+        found = _numbers(boxed[-1])
+        return found[-1] if found else None
+    if "####" in text:
+        found = _numbers(text.rsplit("####", 1)[1])
+        return found[0] if found else None
     found = _numbers(text)
     return found[-1] if found else None
 

@@ -1,0 +1,221 @@
+"""`evalctl compare RUN_A RUN_B`: per-item differences between two runs on the same items,
+and whether the accuracy difference is more than noise.
+
+Both tests are paired (the same items, answered twice), which is far more sensitive than
+comparing two accuracies as if they were independent samples:
+
+* the exact McNemar test on the discordant pairs (items right in one run only): under
+  "no difference" each is equally likely to favour either run, so the two-sided p-value is
+  a binomial tail, computed exactly with integers;
+* a paired bootstrap confidence interval for the accuracy delta (items resampled with
+  replacement, fixed seed so that the same two runs always give the same interval).
+
+A failed item counts as wrong (score 0), as in the run's own accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import asyncpg
+
+from evalstream.common.settings import Settings
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+SHOWN = 10  # item ids printed per list (--json has them all)
+
+Result = Mapping[str, Any]  # a row of item_results: item_id, response, extracted, correct, score, error
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def mcnemar_exact(a_only: int, b_only: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts: items right only in run
+    A, items right only in run B. 1.0 when there are none."""
+    n = a_only + b_only
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
+    return min(1.0, 2 * tail / 2**n)  # int / int: exact, correctly rounded for any n
+
+
+def paired_bootstrap_ci(
+    a_scores: Sequence[float],
+    b_scores: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval for mean(b) - mean(a) over paired items; None without
+    items. Resamples items (pairs), not runs: the pairing is what makes it tight."""
+    if len(a_scores) != len(b_scores):
+        raise ValueError("paired scores must have the same length")
+    n = len(a_scores)
+    if n == 0:
+        return None
+    diffs = [b - a for a, b in zip(a_scores, b_scores, strict=True)]
+    rng = random.Random(seed)
+    means = sorted(math.fsum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
+    alpha = (1 - confidence) / 2
+    lo = means[max(0, math.floor(alpha * resamples))]
+    hi = means[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
+    return round(lo, 6), round(hi, 6)
+
+
+def _right(r: Result) -> bool:
+    return r.get("error") is None and bool(r.get("correct"))
+
+
+def _score(r: Result) -> float:
+    return 0.0 if r.get("error") is not None else float(r.get("score") or 0.0)
+
+
+def compare_results(
+    a: Sequence[Result],
+    b: Sequence[Result],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Any]:
+    """Per-item differences and the paired statistics over the items both runs have."""
+    by_a = {str(r["item_id"]): r for r in a}
+    by_b = {str(r["item_id"]): r for r in b}
+    common = sorted(by_a.keys() & by_b.keys())
+    pairs = [(by_a[i], by_b[i]) for i in common]
+    answer_changed = [
+        i for i, (x, y) in zip(common, pairs, strict=True) if x.get("response") != y.get("response")
+    ]
+    extracted_changed = [
+        i for i, (x, y) in zip(common, pairs, strict=True) if x.get("extracted") != y.get("extracted")
+    ]
+    a_only = [i for i, (x, y) in zip(common, pairs, strict=True) if _right(x) and not _right(y)]
+    b_only = [i for i, (x, y) in zip(common, pairs, strict=True) if _right(y) and not _right(x)]
+    score_changed = [i for i, (x, y) in zip(common, pairs, strict=True) if _score(x) != _score(y)]
+    a_scores = [_score(x) for x, _ in pairs]
+    b_scores = [_score(y) for _, y in pairs]
+    acc_a = math.fsum(a_scores) / len(common) if common else None
+    acc_b = math.fsum(b_scores) / len(common) if common else None
+    ci = paired_bootstrap_ci(a_scores, b_scores, resamples=resamples, seed=seed)
+    return {
+        "items": {
+            "a": len(by_a),
+            "b": len(by_b),
+            "common": len(common),
+            "only_in_a": sorted(by_a.keys() - by_b.keys()),
+            "only_in_b": sorted(by_b.keys() - by_a.keys()),
+        },
+        "identical_responses": len(common) - len(answer_changed),
+        "answer_changed": answer_changed,
+        "extracted_changed": extracted_changed,
+        "score_changed": score_changed,
+        "flips": {"right_in_a_only": a_only, "right_in_b_only": b_only},
+        "accuracy": {
+            "a": _round(acc_a),
+            "b": _round(acc_b),
+            "delta": _round(acc_b - acc_a) if acc_a is not None and acc_b is not None else None,
+            "ci": list(ci) if ci else None,
+            "confidence": CONFIDENCE,
+            "bootstrap": {"resamples": resamples, "seed": seed},
+        },
+        "mcnemar": {
+            "right_in_a_only": len(a_only),
+            "right_in_b_only": len(b_only),
+            "p_value": round(mcnemar_exact(len(a_only), len(b_only)), 6),
+        },
+    }
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 6) if x is not None else None
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _ids(ids: list[str]) -> str:
+    more = f" ... (+{len(ids) - SHOWN})" if len(ids) > SHOWN else ""
+    return ", ".join(ids[:SHOWN]) + more
+
+
+def print_comparison(c: dict[str, Any], label_a: str, label_b: str) -> None:
+    items, acc, mc = c["items"], c["accuracy"], c["mcnemar"]
+    print(f"A = {label_a}\nB = {label_b}")
+    print(f"  items: A {items['a']}, B {items['b']}, both {items['common']}")
+    for key, text in (("only_in_a", "only in A"), ("only_in_b", "only in B")):
+        if items[key]:
+            print(f"    {text} ({len(items[key])}): {_ids(items[key])}")
+    print(f"  identical responses: {c['identical_responses']}/{items['common']}")
+    for key, text in (
+        ("answer_changed", "response changed"),
+        ("extracted_changed", "extracted answer changed"),
+    ):
+        if c[key]:
+            print(f"    {text} ({len(c[key])}): {_ids(c[key])}")
+    for key, text in (("right_in_a_only", "right in A only"), ("right_in_b_only", "right in B only")):
+        ids = c["flips"][key]
+        if ids:
+            print(f"    {text} ({len(ids)}): {_ids(ids)}")
+    if acc["a"] is None:
+        print("  no items in common: nothing to compare")
+        return
+    lo, hi = acc["ci"]
+    print(
+        f"  accuracy on common items: A {acc['a']:.1%}  B {acc['b']:.1%}  delta {acc['delta']:+.1%}"
+        f"  ({acc['confidence']:.0%} paired bootstrap CI {lo:+.1%} .. {hi:+.1%})"
+    )
+    print(
+        f"  McNemar exact: {mc['right_in_a_only']} vs {mc['right_in_b_only']} discordant, p = {mc['p_value']:.4g}"
+    )
+
+
+# --------------------------------------------------------------------------- command
+
+
+async def load_results(conn: asyncpg.Connection, run_id: str) -> list[dict[str, Any]]:
+    rows = await conn.fetch(
+        "SELECT item_id, response, extracted, correct, score, error, cache_hit, served_by, model_revision"
+        " FROM item_results WHERE run_id = $1 ORDER BY item_id",
+        run_id,
+    )
+    return [dict(r) for r in rows]
+
+
+async def cmd_compare(args: argparse.Namespace, settings: Settings) -> None:
+    from evalstream.cli.main import _run_row, out_json
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        runs = [await _run_row(conn, r) for r in (args.run_a, args.run_b)]
+        results = [await load_results(conn, r) for r in (args.run_a, args.run_b)]
+    finally:
+        await conn.close()
+    comparison = compare_results(*results, resamples=args.resamples, seed=args.seed)
+    comparison = {"run_a": args.run_a, "run_b": args.run_b, **comparison}
+    if args.json:
+        out_json(comparison)
+        return
+    labels = [f"{r['run_id']} ({r['model']}, {r['status']})" for r in runs]
+    print_comparison(comparison, *labels)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="per-item differences of two runs, accuracy delta with paired tests",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=BOOTSTRAP_SEED, help="bootstrap seed")
+    p.add_argument("--json", action="store_true", help="the comparison as one JSON line")
+    p.set_defaults(handler=cmd_compare)

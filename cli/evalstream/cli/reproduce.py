@@ -1,0 +1,375 @@
+"""`evalctl reproduce RUN [--wait]`: a new run from RUN's manifest, compared with RUN.
+
+The reproduction reads the dataset's content-addressed copy in S3 (checked against the
+recorded content hash), asks for the same model SPEC, generation parameters and seed,
+prompt template, system prompt and grader, and never reads the answer cache, so that the
+model really answers again (`--cache` allows it: a re-grade, not a reproduction).
+
+It refuses, naming the reason, when a part of the manifest is no longer available: the
+dataset copy is gone or altered, no live worker group serves the model, the grader no longer
+exists, or the run used per-grader default templates that have changed since. Differences
+that do not stop it (code version, grader version, sampled generation) are warnings. With
+--wait it then compares the two runs item by item, their manifest hashes and the model
+revisions that actually served them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from evalstream.common import storage, topics
+from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, encode
+from evalstream.common.prompts import effective_templates
+from evalstream.common.reports import served_revisions
+from evalstream.common.settings import Settings
+from evalstream.common.specs import grader_problem, serves, spec_problem
+from evalstream.common.versions import grader_version, graders_for
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a manifest asked for, whatever its manifest_version."""
+
+    dataset_uri: str
+    content_sha256: str
+    model: str
+    grader: str
+    generation: dict[str, Any]
+    prompt_template: str | None
+    system_prompt: str | None
+    shard_size: int
+    retry: dict[str, Any]
+    code: dict[str, Any]
+    sla_fallback: bool = False
+    grader_version: str | None = None  # not recorded before manifest_version 2
+    templates: dict[str, str] | None = None  # idem
+
+
+def request_from_manifest(m: dict[str, Any]) -> Request:
+    if m.get("manifest_version", 1) == 1:
+        return Request(
+            dataset_uri=m["dataset"]["uri"],
+            content_sha256=m["dataset"]["content_sha256"],
+            model=m["model"],
+            grader=m["grader"],
+            generation=m["generation"],
+            prompt_template=m.get("prompt_template"),
+            system_prompt=m.get("system_prompt"),
+            shard_size=m["shard_size"],
+            retry=m["retry"],
+            code=m["code"],
+        )
+    return Request(
+        dataset_uri=m["source"]["uri"],
+        content_sha256=m["dataset"]["content_sha256"],
+        model=m["model"]["spec"],
+        grader=m["grader"]["name"],
+        generation=m["generation"],
+        prompt_template=m["execution"]["prompt_template"],
+        system_prompt=m["prompt"]["system_prompt"],
+        shard_size=m["execution"]["shard_size"],
+        retry=m["execution"]["retry"],
+        code=m["code"],
+        sla_fallback=m["model"]["sla_fallback"],
+        grader_version=m["grader"]["version"],
+        templates=m["prompt"]["templates"],
+    )
+
+
+@dataclass
+class Plan:
+    job: JobSpec | None  # None when refused
+    blockers: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_reproduction(
+    run_id: str,
+    manifest: dict[str, Any],
+    *,
+    new_run_id: str,
+    dataset_problem: str | None,
+    serving_groups: list[str],
+    code: dict[str, Any],
+    use_cache: bool = False,
+) -> Plan:
+    """The job that reproduces `run_id`, or why it cannot be reproduced. `dataset_problem`:
+    what is wrong with the stored dataset copy; `serving_groups`: live worker groups that
+    serve the model; `code`: the code version here."""
+    req = request_from_manifest(manifest)
+    blockers: list[str] = []
+    warnings: list[str] = []
+    if dataset_problem:
+        blockers.append(dataset_problem)
+    if problem := spec_problem(req.model):
+        blockers.append(f"model SPEC no longer valid: {problem}")
+    elif not serving_groups:
+        blockers.append(f"no live worker group serves model {req.model!r} (see `evalctl workers`)")
+    template = req.prompt_template
+    if problem := grader_problem(req.grader):
+        blockers.append(f"grader no longer available: {problem}")
+    else:
+        if req.grader_version is not None and req.grader_version != grader_version(req.grader):
+            warnings.append(
+                f"grader version changed: {req.grader_version} -> {grader_version(req.grader)} (grades may differ)"
+            )
+        if req.templates is not None and req.templates != effective_templates(
+            template, graders_for(req.grader)
+        ):
+            distinct = set(req.templates.values())
+            if len(distinct) == 1:  # one template for every item: pass it explicitly
+                template = distinct.pop()
+                warnings.append(
+                    "the default prompt template changed since the run; the original is passed explicitly"
+                )
+            else:
+                changed = sorted(
+                    g for g, t in req.templates.items() if effective_templates(template, [g])[g] != t
+                )
+                blockers.append(
+                    f"the default prompt templates of {', '.join(changed)} changed since the run, and a "
+                    f"{req.grader!r} run cannot be given per-grader templates"
+                )
+    if code != req.code:
+        warnings.append(f"code version differs: run {_code(req.code)}, here {_code(code)}")
+    if req.generation.get("temperature", 0.0) > 0:
+        warnings.append(
+            f"sampled generation (temperature {req.generation['temperature']}): answers need not be identical"
+        )
+    if req.sla_fallback:
+        warnings.append("the run allowed an SLA fallback model; the reproduction does not")
+    if blockers:
+        return Plan(None, blockers, warnings)
+    job = JobSpec(
+        dataset=req.dataset_uri,
+        model=req.model,
+        grader=req.grader,
+        generation=GenerationParams(**req.generation),
+        prompt_template=template,
+        system_prompt=req.system_prompt,
+        shard_size=req.shard_size,
+        retry=RetryPolicy(**req.retry),
+        name=f"reproduce {run_id}",
+        run_id=new_run_id,
+        bypass_cache=not use_cache,
+    )
+    return Plan(job, blockers, warnings)
+
+
+def _code(c: dict[str, Any]) -> str:
+    commit = (c.get("git_commit") or "unknown")[:12]
+    return f"{c.get('package')} {commit}{' (dirty)' if c.get('git_dirty') else ''}"
+
+
+# --------------------------------------------------------------------------- facts
+
+
+async def dataset_problem(settings: Settings, req: Request) -> str | None:
+    """Why the stored dataset copy cannot be used, or None."""
+    from evalstream.cli.datasets_cmd import read_items
+    from evalstream.producer.datasets import DatasetError
+
+    try:
+        bucket, key = storage.parse_s3_uri(req.dataset_uri)
+        data = await asyncio.to_thread(storage.get_bytes, storage.client(settings), bucket, key)
+    except ValueError as exc:
+        return f"dataset copy: {exc}"
+    except storage.S3Error as exc:
+        return f"the dataset copy {req.dataset_uri} is no longer available ({exc.code})"
+    try:
+        digest, _ = await asyncio.to_thread(read_items, data, "items.jsonl")
+    except DatasetError as exc:
+        return f"the dataset copy {req.dataset_uri} no longer reads: {exc}"
+    if digest != req.content_sha256:
+        return f"the dataset copy {req.dataset_uri} changed: content {digest[:12]}, the run had {req.content_sha256[:12]}"
+    return None
+
+
+async def serving_groups(settings: Settings, model: str) -> list[str]:
+    """Worker groups with a live member whose advertised models include `model`."""
+    from evalstream.cli.main import read_heartbeats
+
+    now = time.time()
+    return sorted(
+        {
+            hb.group
+            for hb in await read_heartbeats(settings.kafka_bootstrap)
+            if hb.status in ("ready", "starting")
+            and now - hb.ts <= settings.router_heartbeat_timeout_s
+            and serves(hb.model, model)
+        }
+    )
+
+
+async def publish(settings: Settings, job: JobSpec) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
+    )
+    await producer.start()
+    try:
+        assert job.run_id is not None
+        await producer.send_and_wait(topics.JOBS, encode(job), key=job.run_id.encode())
+    finally:
+        await producer.stop()
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+async def reproduction_report(conn: asyncpg.Connection, original: str, new: str) -> dict[str, Any]:
+    from evalstream.cli.compare import compare_results, load_results
+    from evalstream.producer.manifest import manifest_differences
+
+    runs = {
+        r["run_id"]: r
+        for r in await conn.fetch("SELECT * FROM runs WHERE run_id = ANY($1::text[])", [original, new])
+    }
+    results = [await load_results(conn, r) for r in (original, new)]
+    c = compare_results(*results)
+    revisions = [await served_revisions(conn, r) for r in (original, new)]
+    manifests = [json.loads(runs[r]["manifest"]) for r in (original, new)]
+    differences = (
+        manifest_differences(*manifests)
+        if all(m.get("manifest_version", 1) >= 2 for m in manifests)
+        else ["manifest_version"]
+    )
+    common = c["items"]["common"]
+    return {
+        "original": original,
+        "reproduction": new,
+        "items": common,
+        "identical_answers": c["identical_responses"],
+        "all_identical": c["identical_responses"] == common == len(results[0]) == len(results[1]),
+        "accuracy": {
+            "original": c["accuracy"]["a"],
+            "reproduction": c["accuracy"]["b"],
+            "delta": c["accuracy"]["delta"],
+        },
+        "cache_hits": {
+            "original": sum(r["cache_hit"] for r in results[0]),
+            "reproduction": sum(r["cache_hit"] for r in results[1]),
+        },
+        "manifest_sha256": {
+            "original": runs[original]["manifest_sha256"],
+            "reproduction": runs[new]["manifest_sha256"],
+            "identical": runs[original]["manifest_sha256"] == runs[new]["manifest_sha256"],
+            "differences": differences,
+        },
+        "served_revisions": {
+            "original": revisions[0],
+            "reproduction": revisions[1],
+            "identical": revisions[0] == revisions[1],
+        },
+        "comparison": c,
+    }
+
+
+def print_reproduction(r: dict[str, Any]) -> None:
+    acc, man, rev = r["accuracy"], r["manifest_sha256"], r["served_revisions"]
+    verdict = "reproduced exactly" if r["all_identical"] and acc["delta"] == 0 else "NOT reproduced exactly"
+    print(f"{r['reproduction']} reproduces {r['original']}: {verdict}")
+    print(f"  identical answers {r['identical_answers']}/{r['items']}")
+    if acc["original"] is not None:
+        print(f"  accuracy {acc['original']:.1%} -> {acc['reproduction']:.1%} (delta {acc['delta']:+.1%})")
+    print(
+        f"  answers from the cache: original {r['cache_hits']['original']}, reproduction {r['cache_hits']['reproduction']}"
+    )
+    print(
+        f"  manifest {'identical' if man['identical'] else 'differs: ' + ', '.join(man['differences'])}"
+        f" ({(man['reproduction'] or '')[:12]})"
+    )
+    print(f"  served revisions {'identical' if rev['identical'] else 'differ'}: {rev['reproduction']}")
+    changed = r["comparison"]["answer_changed"]
+    if changed:
+        print(f"  changed answers: {', '.join(changed[:10])}{' ...' if len(changed) > 10 else ''}")
+
+
+# --------------------------------------------------------------------------- command
+
+
+async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
+    from evalstream.cli.main import EXIT_REJECTED, _run_row, fail, out_json, wait_for_run
+    from evalstream.producer.manifest import code_version
+
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        run = await _run_row(conn, args.run)
+    finally:
+        await conn.close()
+    if run["manifest"] is None:
+        fail(f"run {args.run} has no manifest (status {run['status']}): nothing to reproduce", EXIT_REJECTED)
+    manifest = json.loads(run["manifest"])
+    req = request_from_manifest(manifest)
+    new_run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    plan = plan_reproduction(
+        args.run,
+        manifest,
+        new_run_id=new_run_id,
+        dataset_problem=await dataset_problem(settings, req),
+        serving_groups=await serving_groups(settings, req.model),
+        code=code_version(),
+        use_cache=args.cache,
+    )
+    for w in plan.warnings:
+        print(f"evalctl: warning: {w}", file=sys.stderr)
+    if plan.job is None:
+        fail(f"cannot reproduce {args.run}:\n  " + "\n  ".join(plan.blockers), EXIT_REJECTED)
+    assert plan.job is not None
+    await publish(settings, plan.job)
+    print(f"submitted {new_run_id}: reproduction of {args.run}, model {req.model}", file=sys.stderr)
+    if not args.wait:
+        if args.json:
+            out_json(
+                {
+                    "original": args.run,
+                    "reproduction": new_run_id,
+                    "status": "submitted",
+                    "warnings": plan.warnings,
+                }
+            )
+        else:
+            print(new_run_id)
+            print(f"compare when it is done: evalctl compare {args.run} {new_run_id}", file=sys.stderr)
+        return
+    await wait_for_run(settings, new_run_id, timeout=args.timeout, quiet=args.json)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        report = await reproduction_report(conn, args.run, new_run_id)
+    finally:
+        await conn.close()
+    report["warnings"] = plan.warnings
+    if args.json:
+        out_json(report)
+    else:
+        print_reproduction(report)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="a new run from a run's manifest, compared with it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run")
+    p.add_argument(
+        "--wait", action="store_true", help="wait for the new run, then compare it with the original"
+    )
+    p.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
+    p.add_argument(
+        "--cache", action="store_true", help="allow answers from the answer cache (a re-grade only)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="last stdout line: the comparison (or submission) as JSON"
+    )
+    p.set_defaults(handler=cmd_reproduce)

@@ -1,0 +1,452 @@
+"""The run report as one self-contained HTML page: inline CSS and server-drawn inline SVG,
+no script and nothing fetched, so it opens anywhere (a browser, an S3 console, a mail).
+
+`collect()` reads what the page needs from PostgreSQL (the summary of reports.summarise
+plus a latency histogram, throughput over time and the failures, all aggregated in SQL so
+that a run of a million items costs a few small queries); `render()` is pure.
+
+Served by the aggregator at /runs/<run_id>/report.html, saved next to report.json in S3
+(runs/<run_id>/report.html) when a run completes, and written by `evalctl report --html`.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from evalstream.common.reports import summarise
+
+# Latency histogram edges in ms: the Prometheus buckets (10 ms .. 60 s) and a few below, so
+# that cached and null-model answers (about 0 ms) show where they are.
+LATENCY_EDGES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 800, 1000, 2500, 5000, 10000, 20000, 30000, 60000)
+MAX_FAILURES_SHOWN = 200
+TIMELINE_BUCKETS = 60
+Z95 = 1.959964
+
+
+def object_name(run_id: str) -> str:
+    """Where the page is kept in the results bucket (beside report.json)."""
+    return f"runs/{run_id}/report.html"
+
+
+@dataclass
+class ReportData:
+    summary: dict[str, Any]
+    latency_counts: list[int]  # len(LATENCY_EDGES_MS) + 1: below the first edge .. above the last
+    timeline_step_s: float
+    timeline: list[tuple[float, int, int]]  # (seconds since the run started, results, of which failed)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    generated_at: str = ""
+
+
+def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a proportion: unlike the normal approximation it stays in
+    [0, 1] and is honest for small n and for accuracies near 0 or 1. With fractional scores
+    `successes` is the score sum (an approximation then)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = min(1.0, max(0.0, successes / n))
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+_LATENCY_SQL = """
+SELECT width_bucket(latency_ms, $2::float8[]) AS b, count(*) AS n
+FROM item_results WHERE run_id = $1 AND error IS NULL GROUP BY b
+"""
+_TIMELINE_SQL = """
+SELECT floor(greatest(0, extract(epoch FROM recorded_at - $2::timestamptz)) / $3)::int AS b,
+       count(*) AS n, count(*) FILTER (WHERE error IS NOT NULL) AS failed
+FROM item_results WHERE run_id = $1 GROUP BY b ORDER BY b
+"""
+_FAILURES_SQL = """
+SELECT item_id, error, attempts, served_by, category FROM item_results
+WHERE run_id = $1 AND error IS NOT NULL ORDER BY item_id LIMIT $2
+"""
+
+
+async def collect(
+    conn: asyncpg.Connection | asyncpg.Pool, run_id: str, summary: dict[str, Any] | None = None
+) -> ReportData:
+    """Raises KeyError for an unknown run (as summarise does)."""
+    summary = summary or await summarise(conn, run_id)
+    edges = [float(e) for e in LATENCY_EDGES_MS]
+    counts = [0] * (len(edges) + 1)
+    for r in await conn.fetch(_LATENCY_SQL, run_id, edges):
+        counts[r["b"]] += r["n"]
+    times = await conn.fetchrow(
+        "SELECT coalesce(r.published_at, r.created_at) AS start, max(i.recorded_at) AS last"
+        " FROM runs r LEFT JOIN item_results i ON i.run_id = r.run_id WHERE r.run_id = $1"
+        " GROUP BY r.published_at, r.created_at",
+        run_id,
+    )
+    timeline: list[tuple[float, int, int]] = []
+    step = 1.0
+    if times is not None and times["last"] is not None:
+        span_s = max(1.0, (times["last"] - times["start"]).total_seconds())
+        step = _nice_step(span_s / TIMELINE_BUCKETS)
+        rows = await conn.fetch(_TIMELINE_SQL, run_id, times["start"], step)
+        timeline = [(r["b"] * step, r["n"], r["failed"]) for r in rows]
+    failures = [dict(r) for r in await conn.fetch(_FAILURES_SQL, run_id, MAX_FAILURES_SHOWN)]
+    return ReportData(
+        summary=summary,
+        latency_counts=counts,
+        timeline_step_s=step,
+        timeline=timeline,
+        failures=failures,
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _nice_step(raw: float) -> float:
+    """1, 2 or 5 times a power of ten, at least `raw` (readable bucket widths)."""
+    if raw <= 0:
+        return 1.0
+    exp = math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * 10**exp >= raw:
+            return float(m * 10**exp)
+    return float(10 ** (exp + 1))
+
+
+# --------------------------------------------------------------------------- SVG charts
+
+PALETTE = ("#3b6fd8", "#e07b39", "#3a9a5b", "#b84a8f", "#8a6d3b", "#4aa3b8", "#c94c4c", "#6b6bd6")
+_FONT = "font-family='system-ui,sans-serif' font-size='11'"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v / 1000:.3g}k"
+    return f"{v:.3g}"
+
+
+def _empty(width: int, height: int, label: str, text: str = "no data") -> str:
+    return (
+        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}'><rect class='frame' x='0.5' y='0.5' width='{width - 1}' "
+        f"height='{height - 1}' fill='none' stroke='#ccc'/><text x='{width / 2}' y='{height / 2}' "
+        f"text-anchor='middle' {_FONT} fill='#888'>{_e(text)}</text></svg>"
+    )
+
+
+def bar_chart(
+    rows: Sequence[tuple[str, float, float | None, float | None, str]],
+    *,
+    label: str,
+    width: int = 640,
+    vmax: float = 1.0,
+    percent: bool = True,
+) -> str:
+    """Horizontal bars: (name, value, low, high, note) with optional interval whiskers."""
+    if not rows:
+        return _empty(width, 60, label)
+    bar_h, gap, left, right = 18, 8, 190, 150
+    height = len(rows) * (bar_h + gap) + gap + 18
+    plot_w = width - left - right
+    out = [
+        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}'>"
+    ]
+    for frac in (0, 0.25, 0.5, 0.75, 1.0):
+        x = left + frac * plot_w
+        tick = f"{frac * vmax:.0%}" if percent else _fmt(frac * vmax)
+        out.append(
+            f"<line x1='{x:.1f}' y1='{gap}' x2='{x:.1f}' y2='{height - 18}' stroke='#eee'/>"
+            f"<text x='{x:.1f}' y='{height - 4}' text-anchor='middle' {_FONT} fill='#666'>{tick}</text>"
+        )
+    for i, (name, value, lo, hi, note) in enumerate(rows):
+        y = gap + i * (bar_h + gap)
+        w = max(0.0, min(1.0, value / vmax if vmax else 0.0)) * plot_w
+        shown = f"{value:.1%}" if percent else _fmt(value)
+        out.append(
+            f"<text x='{left - 6}' y='{y + bar_h - 5}' text-anchor='end' {_FONT}>{_e(name[:32])}</text>"
+            f"<rect class='bar' x='{left}' y='{y}' width='{max(w, 1.0):.1f}' height='{bar_h}' "
+            f"fill='{PALETTE[i % len(PALETTE)]}'><title>{_e(name)}: {_e(shown)} {_e(note)}</title></rect>"
+        )
+        if lo is not None and hi is not None:
+            x1, x2 = left + lo / vmax * plot_w, left + hi / vmax * plot_w
+            ym = y + bar_h / 2
+            out.append(
+                f"<path class='whisker' d='M{x1:.1f},{ym - 5}v10M{x1:.1f},{ym}H{x2:.1f}M{x2:.1f},{ym - 5}v10' "
+                f"stroke='#222' fill='none'/>"
+            )
+        out.append(f"<text x='{left + plot_w + 8}' y='{y + bar_h - 5}' {_FONT}>{_e(shown)} {_e(note)}</text>")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def column_chart(
+    labels: Sequence[str], values: Sequence[float], *, label: str, width: int = 640, height: int = 220
+) -> str:
+    """Vertical bars over categorical x (a histogram's buckets)."""
+    if not values or not any(values):
+        return _empty(width, height, label)
+    left, bottom, top = 44, 58, 10
+    plot_w, plot_h = width - left - 40, height - bottom - top
+    vmax = max(values)
+    slot = plot_w / len(values)
+    out = [
+        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}'>",
+        f"<line x1='{left}' y1='{top + plot_h}' x2='{width - 10}' y2='{top + plot_h}' stroke='#999'/>",
+        f"<text x='{left - 4}' y='{top + 8}' text-anchor='end' {_FONT}>{_fmt(vmax)}</text>",
+    ]
+    for i, (name, v) in enumerate(zip(labels, values, strict=True)):
+        h = v / vmax * plot_h if vmax else 0
+        x = left + i * slot
+        out.append(
+            f"<rect class='bar' x='{x + 1:.1f}' y='{top + plot_h - h:.1f}' width='{max(slot - 2, 1):.1f}' "
+            f"height='{h:.1f}' fill='{PALETTE[0]}'><title>{_e(name)}: {v:g}</title></rect>"
+            f"<text transform='translate({x + slot / 2:.1f},{top + plot_h + 12}) rotate(35)' {_FONT} "
+            f"fill='#555'>{_e(name)}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def line_chart(
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    *,
+    label: str,
+    width: int = 640,
+    height: int = 220,
+    x_is_time: bool = False,
+    y_unit: str = "",
+) -> str:
+    """Lines over a numeric x (seconds, or unix time with x_is_time)."""
+    points = [p for _, pts in series for p in pts if math.isfinite(p[1])]
+    if not points:
+        return _empty(width, height, label)
+    left, bottom, top, right = 52, 26, 10, 150
+    plot_w, plot_h = width - left - right, height - bottom - top
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y1 = max(max(p[1] for p in points), 0.0)
+    y0 = min(min(p[1] for p in points), 0.0)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y1 = y0 + 1
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y0) / (y1 - y0) * plot_h
+
+    def xtick(x: float) -> str:
+        if x_is_time:
+            return datetime.fromtimestamp(x, UTC).strftime("%H:%M:%S")
+        return f"{x:g}s"
+
+    out = [
+        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
+        f"viewBox='0 0 {width} {height}'>",
+        f"<line x1='{left}' y1='{top + plot_h}' x2='{left + plot_w}' y2='{top + plot_h}' stroke='#999'/>",
+        f"<line x1='{left}' y1='{top}' x2='{left}' y2='{top + plot_h}' stroke='#999'/>",
+    ]
+    for frac in (0.0, 0.5, 1.0):
+        yv = y0 + frac * (y1 - y0)
+        xv = x0 + frac * (x1 - x0)
+        out.append(
+            f"<text x='{left - 4}' y='{sy(yv) + 4:.1f}' text-anchor='end' {_FONT}>{_fmt(yv)}{_e(y_unit)}</text>"
+            f"<text x='{sx(xv):.1f}' y='{height - 8}' text-anchor='middle' {_FONT} fill='#555'>{_e(xtick(xv))}</text>"
+        )
+    for i, (name, pts) in enumerate(series):
+        good = [(x, y) for x, y in sorted(pts) if math.isfinite(y)]
+        if not good:
+            continue
+        colour = PALETTE[i % len(PALETTE)]
+        d = "M" + "L".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
+        if len(good) == 1:  # a single sample still shows
+            d += "h2"
+        out.append(
+            f"<path class='line' d='{d}' stroke='{colour}' stroke-width='2' fill='none'><title>{_e(name)}</title></path>"
+            f"<text x='{left + plot_w + 8}' y='{top + 12 + 14 * i}' {_FONT} fill='{colour}'>{_e(name[:24])}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- page
+
+
+def _duration(ms: float) -> str:
+    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms:g}ms"
+
+
+def _latency_labels() -> list[str]:
+    edges = LATENCY_EDGES_MS
+    labels = [f"<{_duration(edges[0])}"]
+    labels += [f"{_duration(a)}–{_duration(b)}" for a, b in itertools.pairwise(edges)]
+    labels.append(f">{_duration(edges[-1])}")
+    return labels
+
+
+def _breakdown_rows(breakdown: dict[str, dict[str, Any]]) -> list[tuple[str, float, float, float, str]]:
+    rows = []
+    for name, b in sorted(breakdown.items()):
+        n, acc = b["total"], b["accuracy"] or 0.0
+        lo, hi = wilson(acc * n, n)
+        rows.append((name, acc, lo, hi, f"n={n}" + (f", {b['failed']} failed" if b.get("failed") else "")))
+    return rows
+
+
+def _card(title: str, value: str, note: str = "") -> str:
+    return (
+        f"<div class='card'><div class='k'>{_e(title)}</div><div class='v'>{_e(value)}</div>"
+        f"<div class='n'>{_e(note)}</div></div>"
+    )
+
+
+def _pct(v: float | None) -> str:
+    return f"{v:.1%}" if v is not None else "n/a"
+
+
+def _ms(v: float | None) -> str:
+    return f"{v:.0f} ms" if v is not None else "n/a"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1080px;color:#222;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.sub{color:#666;font-size:13px}.cards{display:flex;flex-wrap:wrap;gap:10px;margin-top:16px}
+.card{border:1px solid #ddd;border-radius:6px;padding:10px 14px;min-width:150px}
+.card .k{font-size:12px;color:#666}.card .v{font-size:22px;font-weight:600}.card .n{font-size:12px;color:#666}
+table{border-collapse:collapse;font-size:13px;width:100%}td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left;vertical-align:top}
+td.err{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word;max-width:560px}
+.grid{display:grid;grid-template-columns:1fr;gap:8px}svg.chart{display:block;max-width:100%;height:auto}
+.meta td:first-child{color:#666;width:160px}
+"""
+
+
+def render(data: ReportData) -> str:
+    s = data.summary
+    total = int(s.get("total") or 0)
+    acc = s.get("accuracy")
+    lo, hi = wilson((acc or 0.0) * total, total)
+    lat = s.get("latency_ms") or {}
+    recorded = int(s.get("recorded") or 0)
+    cache_hits = int(s.get("cache_hits") or 0)
+    succeeded = int(s.get("succeeded") or 0)
+    failed = int(s.get("failed") or 0)
+    cache_rate = cache_hits / succeeded if succeeded else None
+    title = f"evalstream run {s['run_id']}"
+
+    cards = "".join(
+        [
+            _card(
+                "accuracy",
+                _pct(acc),
+                f"95% CI {lo:.1%} – {hi:.1%} (Wilson, n={total})" if acc is not None else "",
+            ),
+            _card("items", f"{recorded} / {total}", f"{succeeded} answered, {failed} failed"),
+            _card("cache hit rate", _pct(cache_rate), f"{cache_hits} of {succeeded} answers"),
+            _card(
+                "latency p50", _ms(lat.get("p50")), f"p95 {_ms(lat.get('p95'))}, p99 {_ms(lat.get('p99'))}"
+            ),
+            _card(
+                "throughput",
+                f"{s['items_per_s']} items/s" if s.get("items_per_s") is not None else "n/a",
+                f"over {s.get('duration_s') or 0:.1f} s",
+            ),
+            _card("retried", str(s.get("retried", 0)), f"{s.get('truncated', 0)} truncated answers"),
+        ]
+    )
+    step = data.timeline_step_s
+    throughput = [
+        ("results/s", [(t, n / step) for t, n, _ in data.timeline]),
+        ("failures/s", [(t, f / step) for t, _, f in data.timeline]),
+    ]
+    cache_rows = (
+        [
+            ("from cache", cache_hits / succeeded, None, None, f"{cache_hits} items"),
+            (
+                "generated",
+                (succeeded - cache_hits) / succeeded,
+                None,
+                None,
+                f"{succeeded - cache_hits} items",
+            ),
+        ]
+        if succeeded
+        else []
+    )
+    failures = "".join(
+        f"<tr><td>{_e(f['item_id'])}</td><td class='err'>{_e((f['error'] or '')[:600])}</td>"
+        f"<td>{_e(f['attempts'])}</td><td>{_e(f['served_by'])}</td><td>{_e(f['category'] or '')}</td></tr>"
+        for f in data.failures
+    )
+    more = (
+        f"<p class='sub'>showing {len(data.failures)} of {failed} failures "
+        f"(all of them: <code>evalctl results {_e(s['run_id'])}</code>)</p>"
+        if failed > len(data.failures)
+        else ""
+    )
+    failures_html = (
+        "<table class='failures'><tr><th>item</th><th>error</th><th>attempts</th><th>served by</th>"
+        f"<th>category</th></tr>{failures}</table>{more}"
+        if data.failures
+        else "<p class='sub'>no failures</p>"
+    )
+    tokens = s.get("tokens") or {}
+    meta_rows = [
+        ("status", s.get("status")),
+        ("model", s.get("model")),
+        ("grader", s.get("grader")),
+        ("created", s.get("created_at")),
+        ("completed", s.get("completed_at")),
+        ("tokens in / out", f"{tokens.get('prompt', 0)} / {tokens.get('completion', 0)}"),
+        ("accuracy (answered only)", _pct(s.get("accuracy_answered"))),
+        ("dataset sha256", s.get("dataset_sha256")),
+        ("manifest sha256", s.get("manifest_sha256")),
+        ("report generated", data.generated_at),
+    ]
+    meta = "".join(
+        f"<tr><td>{_e(k)}</td><td>{_e(v if v is not None else '')}</td></tr>" for k, v in meta_rows
+    )
+    by_category = _breakdown_rows(s.get("by_category") or {})
+    by_served = _breakdown_rows(s.get("by_served_by") or {})
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title><style>{_CSS}</style></head>
+<body>
+<h1>Run {_e(s["run_id"])}{f" — {_e(s['name'])}" if s.get("name") else ""}</h1>
+<div class="sub">model {_e(s.get("model"))} · grader {_e(s.get("grader"))} · {_e(s.get("status"))}</div>
+<div class="cards">{cards}</div>
+<h2>Accuracy by category</h2>
+<div class="grid" id="by-category">{bar_chart(by_category, label="accuracy by category")}</div>
+<h2>Accuracy by served_by (worker group / model)</h2>
+<div class="grid" id="by-served-by">{bar_chart(by_served, label="accuracy by served_by")}</div>
+<h2>Latency per item (answered items)</h2>
+<div class="grid" id="latency">{column_chart(_latency_labels(), data.latency_counts, label="latency histogram")}</div>
+<h2>Throughput over time (seconds since the run started, {step:g} s buckets)</h2>
+<div class="grid" id="throughput">{line_chart(throughput, label="throughput over time")}</div>
+<h2>Answer cache</h2>
+<div class="grid" id="cache">{bar_chart(cache_rows, label="cache hit rate")}</div>
+<h2>Failures ({failed})</h2>
+{failures_html}
+<h2>Run</h2>
+<table class="meta">{meta}</table>
+</body></html>
+"""
+
+
+async def render_run(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> str:
+    return render(await collect(conn, run_id))

@@ -1,0 +1,540 @@
+"""`openai:<model>@<base_url>[?options]`: any OpenAI-compatible chat-completions server
+(DeepSeek, OpenAI, vLLM, SGLang, TGI, llama.cpp's server).
+
+    openai:deepseek-chat@https://api.deepseek.com/v1?rps=5&rpm=200&concurrency=8&key_env=DEEPSEEK_API_KEY
+
+Options, from the SPEC's query string, else the worker's environment, else the default:
+
+    concurrency  OPENAI_CONCURRENCY  8    most requests in flight: the adaptive limit's ceiling
+    rps          OPENAI_RPS          0    requests per second (0: unlimited)
+    rpm          OPENAI_RPM          0    requests per minute (0: unlimited)
+    timeout      OPENAI_TIMEOUT_S    60   seconds for one HTTP request, connecting to last byte
+    retries      OPENAI_MAX_RETRIES  6    retries of one request before the item fails
+    key_env      -                   OPENAI_API_KEY   variable that holds the API key
+
+Options written in the SPEC are part of it, and so of the answer-cache key; set them in the
+worker's environment instead to share cached answers between runs with different limits.
+
+How requests are paced:
+
+* An adaptive concurrency limit (AIMD, as TCP's congestion window): it starts at
+  `concurrency`, halves on a 429 or 503 (at most once per round of requests: the answers to
+  requests sent before the cut do not cut it again) and grows back by one request per round
+  of successes. A `Retry-After` (or `retry-after-ms`) pauses every new request until then.
+* Token buckets for requests per second and per minute (bursts of at most one second's
+  worth), reserving in arrival order.
+* Retries with exponential backoff and jitter on 429, 408, 5xx, timeouts, connection errors
+  and unreadable bodies; a 4xx such as 400/401/404 fails at once. After the last retry the
+  item fails with TransientEngineError (the pipeline retries it later through eval.retry),
+  a 4xx with PermanentEngineError.
+
+The key is read from the named variable when the engine loads, sent only in the
+Authorization header, and kept out of reprs, logs and error messages (an error body that
+echoes it is redacted). Token usage comes from the response's `usage`; a server that sends
+none reports 0 completion tokens.
+
+`generate` is blocking, as the Engine Protocol wants; requests run on an event loop of the
+engine's own, in a background thread, so that calls from several threads (the runner's, a
+judge grader's) share one connection pool and one set of limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
+
+from evalstream.common.messages import ChatMessage, GenerationParams
+from evalstream.common.metrics import API_CONCURRENCY, API_REQUESTS, API_RETRIES
+from evalstream.worker.engines.base import (
+    EngineError,
+    GenOutput,
+    GenRequest,
+    PermanentEngineError,
+    TransientEngineError,
+)
+from evalstream.worker.engines.null import plain_prompt, word_count
+
+log = logging.getLogger("evalstream.worker.openai")
+
+T = TypeVar("T")
+
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
+OVERLOAD_STATUSES = frozenset({429, 503, 529})  # the server asks for less traffic
+MAX_ERROR_BODY = 300
+
+
+class OpenAIConfigError(ValueError):
+    """A bad `openai:` SPEC or option."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class OpenAIConfig:
+    model: str
+    base_url: str  # up to and including the API version, e.g. https://api.deepseek.com/v1
+    concurrency: int = 8
+    rps: float = 0.0
+    rpm: float = 0.0
+    timeout_s: float = 60.0
+    max_retries: int = 6
+    key_env: str = DEFAULT_KEY_ENV
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    max_retry_after_s: float = 120.0  # a longer Retry-After fails the item now (eval.retry waits)
+
+
+# query option -> (config field, environment variable or None, type)
+_OPTIONS: dict[str, tuple[str, str | None, type]] = {
+    "concurrency": ("concurrency", "OPENAI_CONCURRENCY", int),
+    "rps": ("rps", "OPENAI_RPS", float),
+    "rpm": ("rpm", "OPENAI_RPM", float),
+    "timeout": ("timeout_s", "OPENAI_TIMEOUT_S", float),
+    "retries": ("max_retries", "OPENAI_MAX_RETRIES", int),
+    "key_env": ("key_env", None, str),
+}
+_MINIMUMS = {"concurrency": 1, "rps": 0, "rpm": 0, "timeout_s": 0.001, "max_retries": 0}
+
+
+def parse_target(target: str, env: Mapping[str, str] | None = None) -> OpenAIConfig:
+    """`<model>@<base_url>[?options]` (what follows "openai:") -> config, options from the
+    query, else from `env` (default: os.environ). Raises OpenAIConfigError."""
+    env = os.environ if env is None else env
+    model, at, url = target.strip().rpartition("@")
+    if not at or not model or not url.startswith(("http://", "https://")):
+        raise OpenAIConfigError(f"expected <model>@<http(s) base_url>, got {target!r}")
+    parts = urlsplit(url)
+    if not parts.netloc:
+        raise OpenAIConfigError(f"base url {url!r} names no host")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - set(_OPTIONS))
+    if unknown:
+        raise OpenAIConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)}")
+    values: dict[str, Any] = {}
+    for option, (field, env_name, kind) in _OPTIONS.items():
+        raw = query.get(option, env.get(env_name) if env_name else None)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[field] = kind(raw)
+        except ValueError:
+            source = option if option in query else env_name
+            raise OpenAIConfigError(f"{source}={raw!r} is not a {kind.__name__}") from None
+    base_url = parts._replace(query="", fragment="").geturl().rstrip("/")
+    config = OpenAIConfig(model=model, base_url=base_url, **values)
+    problems = [f"{name} must be >= {low}" for name, low in _MINIMUMS.items() if getattr(config, name) < low]
+    if not config.key_env.replace("_", "").isalnum():
+        problems.append(f"key_env {config.key_env!r} is not an environment variable name")
+    if problems:
+        raise OpenAIConfigError("; ".join(problems))
+    return config
+
+
+# --------------------------------------------------------------------------- pacing (pure)
+
+
+@dataclass
+class AdaptiveLimit:
+    """AIMD concurrency limit. `epoch` counts the cuts: a request remembers the epoch it was
+    sent in, and only an overload answer from the current epoch cuts again, so that a burst
+    of 429s from one round of requests halves the limit once, not once per request."""
+
+    maximum: int
+    minimum: int = 1
+    decrease: float = 0.5
+    value: float = 0.0
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}, {self.maximum}")
+        self.value = float(self.maximum) if self.value <= 0 else self.value
+
+    @property
+    def allowed(self) -> int:
+        return max(self.minimum, int(self.value))
+
+    def on_success(self) -> None:
+        """+1/limit per success: the limit grows by one per full round of successes."""
+        self.value = min(float(self.maximum), self.value + 1.0 / self.value)
+
+    def on_overload(self, epoch: int) -> bool:
+        """Multiplicative decrease, once per epoch. Returns whether the limit was cut."""
+        if epoch != self.epoch:
+            return False
+        self.value = max(float(self.minimum), self.value * self.decrease)
+        self.epoch += 1
+        return True
+
+
+class TokenBucket:
+    """`rate` tokens per second, at most `capacity` stored. `reserve` takes a token now and
+    says how long to wait until it is really there: the balance may go negative, so that
+    waiters are served in arrival order without polling."""
+
+    def __init__(self, rate: float, capacity: float, now: float) -> None:
+        if rate <= 0 or capacity < 1:
+            raise ValueError(f"need rate > 0 and capacity >= 1, got {rate}, {capacity}")
+        self.rate, self.capacity = rate, capacity
+        self.tokens, self.updated = capacity, now
+
+    def reserve(self, now: float) -> float:
+        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        self.tokens -= 1.0
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+def rate_buckets(rps: float, rpm: float, now: float) -> list[TokenBucket]:
+    """A bucket per configured rate; each allows a burst of one second's worth (at least one
+    request), since providers commonly enforce per-minute limits over shorter windows."""
+    per_second = [r for r in (rps, rpm / 60.0) if r > 0]
+    return [TokenBucket(r, max(1.0, r), now) for r in per_second]
+
+
+def backoff_delay(retry: int, base: float, cap: float, rng: random.Random) -> float:
+    """Exponential backoff with "equal jitter": half of min(cap, base * 2^retry) for sure,
+    plus up to as much again at random, so that clients retrying together spread out but
+    never retry at once."""
+    ceiling = min(cap, base * 2.0**retry)
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds to wait per `retry-after-ms` (OpenAI) or `Retry-After` (seconds or an HTTP
+    date; `now` is unix time), or None when absent or unreadable."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    ms = lowered.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = (lowered.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+# --------------------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+
+
+def parse_completion(body: bytes) -> Completion:
+    """The first choice of a chat-completions response. Raises ValueError if the body is
+    not one (malformed JSON, an error object, no choices)."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise ValueError("no choices in the response")
+    choice = data["choices"][0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    content = message.get("content") if isinstance(message, dict) else None
+    if content is not None and not isinstance(content, str):
+        raise ValueError(f"message content is a {type(content).__name__}, not text")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    try:
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+    except (TypeError, ValueError):
+        raise ValueError(f"unreadable usage {usage!r}") from None
+    return Completion(content or "", prompt_tokens, completion_tokens, choice.get("finish_reason"))
+
+
+def request_body(model: str, messages: list[ChatMessage], params: GenerationParams) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+    }
+    if params.temperature > 0:
+        body["seed"] = params.seed  # honoured by OpenAI and vLLM; ignored by others
+    if params.stop:
+        body["stop"] = params.stop
+    return body
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class _BearerAuth(httpx.Auth):
+    """Adds the key to each request; its repr never shows it."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self._key}"
+        yield request
+
+    def __repr__(self) -> str:
+        return "_BearerAuth(***)"
+
+
+@dataclass(frozen=True)
+class _Retry:
+    reason: str  # metric label: rate_limited, server_error, timeout, connection_error, malformed
+    detail: str
+    retry_after: float | None = None
+
+
+class _Gate:
+    """In-flight requests under the adaptive limit, and the pause a Retry-After asks for.
+    Lives on the engine's event loop only."""
+
+    def __init__(self, limit: AdaptiveLimit, clock: Callable[[], float]) -> None:
+        self.limit, self.clock = limit, clock
+        self.in_flight = 0
+        self.paused_until = 0.0
+        self._changed = asyncio.Condition()
+
+    async def enter(self) -> int:
+        """Waits for a free slot; returns the epoch the request is sent in."""
+        while True:
+            pause = self.paused_until - self.clock()
+            if pause > 0:
+                await asyncio.sleep(pause)
+                continue
+            async with self._changed:
+                if self.paused_until > self.clock():
+                    continue
+                if self.in_flight < self.limit.allowed:
+                    self.in_flight += 1
+                    return self.limit.epoch
+                await self._changed.wait()
+
+    async def leave(self) -> None:
+        async with self._changed:
+            self.in_flight -= 1
+            self._changed.notify_all()
+
+    def pause(self, seconds: float) -> None:
+        self.paused_until = max(self.paused_until, self.clock() + seconds)
+
+
+class OpenAIEngine:
+    device = "api"
+    cacheable = True  # greedy answers are cached like any model's: a repeated run costs nothing
+    thread_safe = True  # generate() may be called from several threads at once
+    schedules_itself = True  # takes a whole round of requests at once; paces them itself
+
+    def __init__(
+        self,
+        config: OpenAIConfig,
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.name = name or f"openai:{config.model}@{config.base_url}"
+        self.revision = f"{config.model}@{config.base_url}"
+        self._clock = clock
+        self._rng = rng or random.Random()
+        key = (os.environ if env is None else env).get(config.key_env) or None
+        self._key = key  # only for redaction; the client holds it in its auth
+        self.limit = AdaptiveLimit(maximum=config.concurrency)
+        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "overloads": 0}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"engine-{self.revision}", daemon=True
+        )
+        self._thread.start()
+        self._gate: _Gate
+        self._buckets: list[TokenBucket]
+        self._client: httpx.AsyncClient
+        self._call(self._setup(key))
+        API_CONCURRENCY.labels(model=self.revision).set(self.limit.allowed)
+
+    def __repr__(self) -> str:
+        return f"OpenAIEngine({self.revision!r}, key_env={self.config.key_env!r})"
+
+    async def _setup(self, key: str | None) -> None:
+        # made on the engine's loop, which the client's connections and the gate belong to
+        c = self.config
+        self._gate = _Gate(self.limit, self._clock)
+        self._buckets = rate_buckets(c.rps, c.rpm, self._clock())
+        self._client = httpx.AsyncClient(
+            base_url=c.base_url + "/",
+            auth=_BearerAuth(key) if key else None,
+            timeout=httpx.Timeout(c.timeout_s, connect=min(c.timeout_s, 10.0)),
+            limits=httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency),
+            headers={"User-Agent": "evalstream"},
+        )
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # ---- Engine Protocol
+
+    def render_prompt(self, messages: list[ChatMessage]) -> str:
+        return plain_prompt(messages)  # what is sent is the message list: this renders it stably
+
+    def count_tokens(self, text: str) -> int:
+        return word_count(text)
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        if not requests:
+            return []
+        return self._call(self._generate_all(requests))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._client.aclose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._loop.close()
+
+    # ---- requests
+
+    async def _generate_all(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        return list(await asyncio.gather(*(self._complete(r) for r in requests)))
+
+    async def _complete(self, request: GenRequest) -> GenOutput | EngineError:
+        body = request_body(self.config.model, request.messages, request.params)
+        started = self._clock()
+        last: _Retry | None = None
+        attempts = 0
+        for retry in range(self.config.max_retries + 1):
+            if last is not None:
+                delay = (
+                    last.retry_after
+                    if last.retry_after is not None
+                    else backoff_delay(
+                        retry - 1, self.config.backoff_base_s, self.config.backoff_cap_s, self._rng
+                    )
+                )
+                if delay > self.config.max_retry_after_s:
+                    break  # the server wants a long pause: let the pipeline's retry wait it out
+                self.stats["retries"] += 1
+                API_RETRIES.labels(model=self.revision, reason=last.reason).inc()
+                await asyncio.sleep(delay)
+            outcome = await self._attempt(body)
+            attempts += 1
+            if isinstance(outcome, Completion):
+                return GenOutput(
+                    text=outcome.text,
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                    latency_ms=(self._clock() - started) * 1000,
+                    extra={"finish_reason": outcome.finish_reason or "", "http_attempts": str(attempts)},
+                )
+            if isinstance(outcome, PermanentEngineError):
+                return outcome
+            last = outcome
+        assert last is not None
+        return TransientEngineError(
+            self._redact(f"{self.revision}: {last.reason} after {attempts} attempt(s): {last.detail}")
+        )
+
+    async def _attempt(self, body: dict[str, Any]) -> Completion | _Retry | PermanentEngineError:
+        epoch = await self._gate.enter()
+        try:
+            await self._pace()
+            self.stats["requests"] += 1
+            try:
+                async with asyncio.timeout(self.config.timeout_s):
+                    response = await self._client.post("chat/completions", json=body)
+            except (TimeoutError, httpx.TimeoutException):
+                return self._count(
+                    _Retry("timeout", f"no complete answer within {self.config.timeout_s:g} s")
+                )
+            except httpx.TransportError as exc:
+                return self._count(_Retry("connection_error", f"{type(exc).__name__}: {exc}"))
+            return self._classify(response, epoch)
+        finally:
+            await self._gate.leave()
+
+    async def _pace(self) -> None:
+        now = self._clock()
+        wait = max((b.reserve(now) for b in self._buckets), default=0.0)
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def _classify(self, response: httpx.Response, epoch: int) -> Completion | _Retry | PermanentEngineError:
+        status = response.status_code
+        if 200 <= status < 300:
+            try:
+                completion = parse_completion(response.content)
+            except ValueError as exc:
+                return self._count(_Retry("malformed", f"HTTP {status} with an unreadable body: {exc}"))
+            self.limit.on_success()
+            API_CONCURRENCY.labels(model=self.revision).set(self.limit.allowed)
+            API_REQUESTS.labels(model=self.revision, outcome="ok").inc()
+            return completion
+        detail = f"HTTP {status}: {self._error_text(response)}"
+        if status in RETRY_STATUSES:
+            wait = retry_after_seconds(response.headers)
+            if status in OVERLOAD_STATUSES:
+                self.stats["overloads"] += 1
+                if self.limit.on_overload(epoch):
+                    API_CONCURRENCY.labels(model=self.revision).set(self.limit.allowed)
+                    log.info(
+                        "%s: HTTP %d, concurrency limit now %d", self.revision, status, self.limit.allowed
+                    )
+                if wait is not None and wait <= self.config.max_retry_after_s:
+                    self._gate.pause(wait)
+            reason = "rate_limited" if status == 429 else "server_error"
+            return self._count(_Retry(reason, detail, wait))
+        API_REQUESTS.labels(model=self.revision, outcome="client_error").inc()
+        return PermanentEngineError(self._redact(f"{self.revision}: {detail}"))
+
+    def _count(self, retry: _Retry) -> _Retry:
+        API_REQUESTS.labels(model=self.revision, outcome=retry.reason).inc()
+        return retry
+
+    def _error_text(self, response: httpx.Response) -> str:
+        """The server's error message, short: `error.message` of a JSON body, else its start."""
+        text = response.text
+        try:
+            data = json.loads(text)
+            message = data.get("error", {}).get("message") if isinstance(data, dict) else None
+            if isinstance(message, str) and message:
+                text = message
+        except (ValueError, AttributeError):
+            pass
+        return self._redact(" ".join(text.split())[:MAX_ERROR_BODY]) or "(empty body)"
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+
+def load(target: str, *, name: str) -> OpenAIEngine:
+    return OpenAIEngine(parse_target(target), name=name)

@@ -1,0 +1,221 @@
+"""A fake OpenAI-compatible provider for tests: a real HTTP server on 127.0.0.1, in a thread.
+
+It answers POST <base>/chat/completions. What it answers is up to the test:
+
+* `answer(messages) -> text` gives the content of a normal reply (default: the sum for
+  "What is A + B?", else "ok");
+* `script(n, body) -> Reply | None` may replace any reply: the n-th request (from 1) gets
+  a 429 storm, a 5xx, a slow or hung response, a malformed body... (None: answer normally);
+* `rate_limit(per_second, retry_after)` makes it behave like a real rate-limited API: more
+  requests in one second than allowed get 429 with Retry-After.
+
+Every request is recorded (headers, body, the status sent), so tests can count calls and
+check what the client sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_SUM = re.compile(r"What is (-?\d+) \+ (-?\d+)\?")
+
+
+def sum_answer(messages: list[dict[str, Any]]) -> str:
+    """The default: answers the arithmetic questions of tests.e2e.helpers.arithmetic_items."""
+    m = _SUM.search(messages[-1]["content"]) if messages else None
+    return str(int(m[1]) + int(m[2])) if m else "ok"
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    content: str | None = None  # None: what `answer` says
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0  # slow: wait before answering
+    hang: bool = False  # never answer (until the provider stops)
+    raw_body: bytes | None = None  # sent as is (malformed JSON, an HTML error page...)
+    usage: bool = True
+
+
+@dataclass(frozen=True)
+class Recorded:
+    n: int
+    at: float  # time.monotonic()
+    headers: dict[str, str]
+    body: dict[str, Any] | None
+    status: int
+
+
+Script = Callable[[int, dict[str, Any]], Reply | None]
+
+
+class FakeProvider:
+    def __init__(self, answer: Callable[[list[dict[str, Any]]], str] = sum_answer) -> None:
+        self.answer = answer
+        self.script: Script | None = None
+        self.requests: list[Recorded] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._limit: tuple[float, float] | None = None  # (per second, retry-after)
+        self._window: list[float] = []
+        self.in_flight = 0
+        self.max_in_flight = 0  # most requests being answered at once
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:
+                provider._handle(self)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._server.block_on_close = False
+        self.port = self._server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> FakeProvider:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stopping.set()  # releases hung handlers
+        self._server.shutdown()
+        self._server.server_close()
+
+    def spec(self, model: str = "fake-model", **options: object) -> str:
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"openai:{model}@{self.url}" + (f"?{query}" if query else "")
+
+    def rate_limit(self, per_second: float | None, retry_after: float = 1.0) -> None:
+        with self._lock:
+            self._limit = (per_second, retry_after) if per_second else None
+            self._window = []
+
+    def statuses(self) -> list[int]:
+        with self._lock:
+            return [r.status for r in self.requests]
+
+    def count(self, status: int | None = None) -> int:
+        return sum(1 for s in self.statuses() if status is None or s == status)
+
+    # ---- serving
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self._serve(h)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        with self._lock:
+            n = len(self.requests) + 1
+            reply = self._rate_limited()
+        if reply is None and self.script is not None:
+            reply = self.script(n, body or {})
+        reply = reply or Reply()
+        if not h.path.rstrip("/").endswith("/chat/completions"):
+            reply = Reply(status=404, raw_body=b'{"error": {"message": "no such route"}}')
+        with self._lock:
+            self.requests.append(Recorded(n, time.monotonic(), dict(h.headers), body, reply.status))
+        if reply.hang:
+            self._stopping.wait()
+            return
+        if reply.delay_s:
+            self._stopping.wait(reply.delay_s)
+        payload = reply.raw_body if reply.raw_body is not None else self._payload(reply, body or {})
+        try:
+            h.send_response(reply.status)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(payload)))
+            for k, v in reply.headers.items():
+                h.send_header(k, v)
+            h.end_headers()
+            h.wfile.write(payload)
+        except OSError:  # the client gave up (timeout) meanwhile
+            pass
+
+    def _rate_limited(self) -> Reply | None:
+        if self._limit is None:
+            return None
+        per_second, retry_after = self._limit
+        now = time.monotonic()
+        self._window = [t for t in self._window if now - t < 1.0]
+        if len(self._window) >= per_second:
+            return Reply(
+                status=429,
+                headers={"Retry-After": f"{retry_after:g}"},
+                raw_body=b'{"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}',
+            )
+        self._window.append(now)
+        return None
+
+    def _payload(self, reply: Reply, body: dict[str, Any]) -> bytes:
+        if reply.status != 200:
+            message = {429: "Rate limit reached", 500: "Internal error", 503: "Overloaded"}.get(
+                reply.status, "error"
+            )
+            return json.dumps({"error": {"message": message, "code": reply.status}}).encode()
+        messages = body.get("messages") or []
+        text = reply.content if reply.content is not None else self.answer(messages)
+        data: dict[str, Any] = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ],
+        }
+        if reply.usage:
+            prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+            data["usage"] = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(text.split()),
+                "total_tokens": prompt_tokens + len(text.split()),
+            }
+        return json.dumps(data).encode()
+
+
+def storm(first: int, retry_after: float = 1.0) -> Script:
+    """A 429 storm: the first `first` requests are refused with Retry-After."""
+
+    def script(n: int, body: dict[str, Any]) -> Reply | None:
+        if n <= first:
+            return Reply(status=429, headers={"Retry-After": f"{retry_after:g}"})
+        return None
+
+    return script
+
+
+def main() -> None:  # a provider to poke at by hand: python -m tests.fakes.openai_provider
+    with FakeProvider() as provider:
+        print(provider.url, flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
