@@ -28,8 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 # Every service: Kafka (FastStream on aiokafka), messages, the HTTP endpoints (/healthz, /readyz,
-# /metrics) and Prometheus metrics.
-_BASE = ["faststream[kafka]", "aiokafka", "msgspec", "prometheus-client", "uvicorn"]
+# /metrics), Prometheus metrics and OpenTelemetry tracing (OTLP/HTTP export).
+_BASE = [
+    "faststream[kafka]",
+    "aiokafka",
+    "msgspec",
+    "prometheus-client",
+    "uvicorn",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-http",
+]
 
 SERVICE_ROOTS: dict[str, list[str]] = {
     # The producer image also runs `python -m evalstream.common.bootstrap` (topics, buckets, schema)

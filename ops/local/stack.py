@@ -38,7 +38,7 @@ VENV_PY = ROOT / ".venv" / "bin" / "python"
 
 KAFKA_VERSION = "4.4.0"
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
-APT_PACKAGES = ["postgresql", "prometheus", "bubblewrap"]
+APT_PACKAGES = ["postgresql", "prometheus", "bubblewrap", "chromium"]  # chromium: report tests
 # A second stack (the fault-injection suite's, which kills brokers and databases) runs
 # beside the development one with every port shifted by EVALSTREAM_PORT_OFFSET.
 OFFSET = int(os.environ.get("EVALSTREAM_PORT_OFFSET", "0"))
@@ -106,7 +106,9 @@ def pg_bin() -> Path:
 
 def install_apt() -> None:
     missing = [
-        p for p, probe in (("prometheus", "prometheus"), ("bubblewrap", "bwrap")) if not shutil.which(probe)
+        p
+        for p, probe in (("prometheus", "prometheus"), ("bubblewrap", "bwrap"), ("chromium", "chromium"))
+        if not shutil.which(probe)
     ]
     try:
         pg_bin()

@@ -200,11 +200,15 @@ class FakeProvider:
         return json.dumps(data).encode()
 
 
-def storm(first: int, retry_after: float = 1.0) -> Script:
-    """A 429 storm: the first `first` requests are refused with Retry-After."""
+def storm(first: int = 0, seconds: float = 0.0, retry_after: float = 1.0) -> Script:
+    """A 429 storm: the first `first` requests, and every request within `seconds` of the
+    first one, are refused with Retry-After."""
+    began: list[float] = []
 
     def script(n: int, body: dict[str, Any]) -> Reply | None:
-        if n <= first:
+        now = time.monotonic()
+        began.append(now) if not began else None
+        if n <= first or now - began[0] < seconds:
             return Reply(status=429, headers={"Retry-After": f"{retry_after:g}"})
         return None
 

@@ -1,7 +1,7 @@
 """The gold-label audit: each check on small cases, then recall and precision on a dataset
 with planted label errors answered by three simulated models (graded by the real graders).
 
-`planted_dataset` is shared with tests/e2e/test_audit.py, which replays the same answers
+`planted_dataset` is shared with tests/e2e/test_audit_replayed.py, which replays the same answers
 through the pipeline."""
 
 from __future__ import annotations
@@ -75,7 +75,11 @@ def planted_dataset(n: int = 500, error_rate: float = 0.08, seed: int = 9) -> Pl
     for model, accuracy in MODEL_ACCURACY.items():
         lines = []
         for i, (a, b) in enumerate(pairs):
-            said = truth[i] if rng.random() < accuracy else truth[i] + rng.choice([o for o in range(-30, 31) if o])
+            said = (
+                truth[i]
+                if rng.random() < accuracy
+                else truth[i] + rng.choice([o for o in range(-30, 31) if o])
+            )
             style = rng.randrange(3)
             text = (str(said), f"The answer is {said}.", f"{a} + {b} = {said}")[style]
             lines.append({"id": f"p{i:04d}", "response": text})
@@ -84,7 +88,9 @@ def planted_dataset(n: int = 500, error_rate: float = 0.08, seed: int = 9) -> Pl
 
 
 def items_of(rows: list[dict[str, Any]]) -> list[Item]:
-    return [Item(id=r["id"], question=r["question"], answer=r["answer"], category=r.get("category")) for r in rows]
+    return [
+        Item(id=r["id"], question=r["question"], answer=r["answer"], category=r.get("category")) for r in rows
+    ]
 
 
 def grade_replay(items: list[Item], lines: list[dict[str, str]]) -> dict[str, dict[str, Any]]:
@@ -154,6 +160,17 @@ def test_model_agreement_needs_a_strict_majority_of_different_models() -> None:
     assert [f.item_ids for f in model_agreement(items, runs, min_agree=3)] == [["a"]]
 
 
+def test_a_tie_between_the_gold_and_another_answer_is_no_flag() -> None:
+    items = [Item(id="tie", question="q1", answer="10"), Item(id="most", question="q2", answer="10")]
+    runs = {
+        "m1": {"tie": wrong("12"), "most": wrong("12")},
+        "m2": {"tie": wrong("12"), "most": wrong("12")},
+        "m3": {"tie": right("10"), "most": wrong("12")},
+        "m4": {"tie": right("10"), "most": right("10")},
+    }
+    assert [f.item_ids for f in model_agreement(items, runs)] == [["most"]]
+
+
 def test_failed_items_and_unreadable_answers_do_not_vote() -> None:
     items = [Item(id="a", question="q", answer="1")]
     runs = {
@@ -185,7 +202,9 @@ def test_unparsable_gold_with_a_numeric_grader_and_with_auto() -> None:
     assert unparsable_golds(mixed, "auto") == []
     assert "none of the 2 choices" in by_auto[1].message
     # a text category stays text
-    assert unparsable_golds([items[4], Item(id="t2", question="?", answer="Rome", category="geo")], "auto") == []
+    assert (
+        unparsable_golds([items[4], Item(id="t2", question="?", answer="Rome", category="geo")], "auto") == []
+    )
 
 
 def test_audit_report_lists_every_flag_and_what_was_skipped() -> None:

@@ -1,4 +1,6 @@
-from evalstream.worker.grading.clean import clean_response, defines, extract_code, strip_think
+import time
+
+from evalstream.worker.grading.clean import clean_response, defines, extract_code, extract_json, strip_think
 
 
 class TestCleanResponse:
@@ -55,3 +57,28 @@ def test_defines_only_top_level_functions() -> None:
     assert defines("import os\n\nasync def run(x):\n    pass", "run")
     assert not defines("def running(x):\n    pass", "run")
     assert not defines("    def run(x):\n        pass", "run")  # nested: part of a body
+
+
+class TestExtractJson:
+    def test_object_in_surrounding_text(self) -> None:
+        assert extract_json('Sure! Here it is: {"a": [1, {"b": null}]} Hope that helps.') == {
+            "a": [1, {"b": None}]
+        }
+
+    def test_last_value_wins_and_fences_first(self) -> None:
+        assert extract_json('First {"v": 1}, then corrected: {"v": 2}') == {"v": 2}
+        fenced = 'Final: {"v": 3}\n```json\n{"v": 4}\n```\nand [5]'
+        assert extract_json(fenced) == {"v": 4}  # a ```json block beats loose JSON
+
+    def test_brackets_that_are_not_json_are_skipped(self) -> None:
+        assert extract_json("See [1] and {this}, but [2, 3] is data") == [2, 3]
+        assert extract_json('<think>{"v": 0}</think>no JSON here') is None
+        assert extract_json("just 42") is None  # scalars in prose are not JSON answers
+
+    def test_hostile_input_stays_cheap(self) -> None:
+        started = time.monotonic()
+        assert extract_json("[" * 50_000) is None  # nesting too deep: no crash
+        # the scan gives up after a bounded number of failed starts
+        assert extract_json("{" * 10_000 + '{"ok": true}') is None
+        assert extract_json("{" * 100 + '{"ok": true}') == {"ok": True}
+        assert time.monotonic() - started < 2.0

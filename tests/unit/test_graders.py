@@ -1,10 +1,17 @@
+import math
+import re
 import shutil
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from evalstream.common.messages import Item
+from evalstream.common.specs import grader_problem
+from evalstream.worker.engines.base import PermanentEngineError, TransientEngineError
 from evalstream.worker.grading import (
     GRADER_NAMES,
+    GRADER_VERSIONS,
     GRADERS,
     GradingError,
     get_grader,
@@ -12,11 +19,16 @@ from evalstream.worker.grading import (
     item_problem,
     resolve_grader,
 )
-from evalstream.worker.grading.code_exec import MAX_EXTRACTED, code_exec
+from evalstream.worker.grading.code_exec import MAX_EXTRACTED, code_exec, pass_at_k
+from evalstream.worker.grading.contains import contains
 from evalstream.worker.grading.exact import exact
+from evalstream.worker.grading.json_field import json_field
+from evalstream.worker.grading.judge import judge, parse_verdict
 from evalstream.worker.grading.multiple_choice import multiple_choice
 from evalstream.worker.grading.numeric import numeric
+from evalstream.worker.grading.regex import regex
 from evalstream.worker.sandbox import Limits, SandboxUnavailable
+from tests.fakes.openai_provider import FakeProvider, Reply
 
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)"
@@ -68,7 +80,7 @@ class TestNumeric:
             ("A rise of 12%", "12", "12"),
             ("16 - 3 - 4 = 9 eggs, 9 * 2 = 18\n#### 18", "18", "18"),
             ("so \\boxed{42}, not 41", "42", "42"),
-            ("The answer is 42. Check: 40 + 2", "42", "42"),
+            ("The answer is 2. Check: 40 + 2", "2", "2"),  # "answer is" is no marker: last number
             ("x = \\boxed{\\frac{3}{4}}", "0.75", "0.75"),
             ("5 - 3 = 2", "2", "2"),
         ],
@@ -80,7 +92,41 @@ class TestNumeric:
     def test_markers_beat_the_last_number(self) -> None:
         item = Item(id="q", answer="7")
         assert self.grade("#### 7\nwhich took me 3 minutes", item).correct
+        assert self.grade("#### 5\nno wait\n#### 7 (3 steps)", item).correct  # the last ####
+        assert self.grade("\\boxed{7} and #### 9, 10", item).correct  # boxed beats ####
+        assert self.grade("\\boxed{6} then \\boxed{x = 7}", item).correct  # the last boxed
         assert not self.grade("7 is tempting, but the answer is 8 (after 3 steps)", item).correct
+
+    def test_policy_is_exactly_boxed_then_hashes_then_last_number(self) -> None:
+        item = Item(id="q", answer="8")
+        # "the answer is" is not a marker: the last number wins (policy of the issue, verbatim)
+        assert self.grade("the answer is 8 (after 3 steps)", item).extracted == "3"
+        # a marker decides even without a number: no falling back to the text around it
+        assert self.grade("8 apples, so \\boxed{\\text{eight}}", item).extracted is None
+        assert self.grade("8 apples\n#### eight", item).extracted is None
+
+    @pytest.mark.parametrize(
+        ("response", "gold", "extracted"),
+        [
+            ("−3 degrees", "-3", "-3"),  # Unicode minus
+            ("x = \\boxed{−\\frac{3}{4}}", "-0.75", "-0.75"),
+            ("答えは１２３です", "123", "123"),  # full-width digits
+            ("合計 １，２３４．５", "1234.5", "1234.5"),
+            ("about 1e6 stars", "1000000", "1000000"),
+            ("2.5E-3 mol", "0.0025", "0.0025"),
+            ("a rise of 25%", "25%", "25"),  # a gold percentage matches the bare number
+            ("it is 25", "25%", "25"),
+            ("3/4 of them", "0.75", "0.75"),
+            ("1,000 people", "1000", "1000"),
+            ("+5", "5", "5"),
+        ],
+    )
+    def test_number_forms(self, response: str, gold: str, extracted: str) -> None:
+        grade = self.grade(response, Item(id="q", answer=gold))
+        assert (grade.extracted, grade.correct) == (extracted, True)
+
+    def test_number_words_are_not_parsed(self) -> None:
+        assert self.grade("forty-two", Item(id="q", answer="42")).extracted is None
 
     def test_wrong_or_missing_number(self) -> None:
         item = Item(id="q", answer="Natalia sold 48/2 = 24 clips in May.\n#### 72")  # GSM8K gold
@@ -193,20 +239,42 @@ class TestCodeExecWithoutSandbox:
 
 class TestRegistry:
     def test_auto_picks_by_item_shape(self) -> None:
-        assert resolve_grader("auto", CODE_ITEM) == "code_exec"
-        assert resolve_grader("auto", Item(id="q", answer="2", choices=["a", "b", "c"])) == "multiple_choice"
+        assert resolve_grader("auto", CODE_ITEM) == "code"
+        assert resolve_grader("auto", Item(id="q", answer="2", choices=["a", "b", "c"])) == "choice"
         assert resolve_grader("auto", Item(id="q", answer="1,234.5")) == "numeric"
         assert resolve_grader("auto", Item(id="q", answer="Paris")) == "exact"
         assert resolve_grader("exact", Item(id="q", answer="12")) == "exact"
 
-    def test_unknown_grader_is_rejected(self) -> None:
-        assert (
-            GRADER_NAMES == {"auto", *GRADERS} == {"auto", "exact", "numeric", "multiple_choice", "code_exec"}
-        )
-        with pytest.raises(ValueError, match="unknown grader 'fuzzy'"):
-            resolve_grader("fuzzy", Item(id="q"))
+    def test_names_aliases_and_arguments(self) -> None:
+        assert set(GRADERS) == {"exact", "numeric", "choice", "regex", "contains", "json", "code", "judge"}
+        assert set(GRADER_NAMES) == {"auto", *GRADERS, "multiple_choice", "code_exec"}
+        assert resolve_grader("code_exec", CODE_ITEM) == "code"
+        assert resolve_grader("multiple_choice", Item(id="q")) == "choice"
+        assert resolve_grader("regex:^a:b$", Item(id="q")) == "regex:^a:b$"
+        assert get_grader("multiple_choice") is get_grader("choice")  # one instance per SPEC
+
+    @pytest.mark.parametrize(
+        ("spec", "fragment"),
+        [
+            ("fuzzy", "unknown grader 'fuzzy'"),
+            ("exact:x", "takes no argument"),
+            ("regex:(", "bad pattern"),
+            ("json:a..b", "bad JSON field path"),
+            ("judge", "needs an argument: judge:<model SPEC>"),
+            ("judge:gpt-4", "unknown model SPEC"),
+        ],
+    )
+    def test_bad_specs_are_rejected(self, spec: str, fragment: str) -> None:
+        assert fragment in (grader_problem(spec) or "")
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            resolve_grader(spec, Item(id="q"))
         with pytest.raises(ValueError):
-            get_grader("fuzzy")
+            get_grader(spec)
+
+    def test_good_specs_pass_the_producer_check(self) -> None:
+        for spec in ("auto", "choice", "code_exec", "regex", "regex:^\\d+$", "json", "json:a.0.b",
+                     "judge:replay:verdicts.jsonl", "judge:openai:m@http://127.0.0.1:1/v1"):  # fmt: skip
+            assert grader_problem(spec) is None, spec
 
     def test_auto_without_item_dispatches_per_call(self) -> None:
         grader = get_grader("auto")
@@ -217,7 +285,176 @@ class TestRegistry:
         assert item_problem("auto", Item(id="q", answer="7")) is None
         assert item_problem("numeric", Item(id="q", answer="seven")) is not None
         assert item_problem("code_exec", Item(id="q", answer="7")) is not None
-        assert grader_version("numeric") == "numeric/1 clean/1"
+        assert item_problem("regex", Item(id="q")) is not None  # no pattern anywhere
+        assert item_problem("regex:x", Item(id="q")) is None
+        assert grader_version("numeric") == "numeric/2 clean/1"
+        assert grader_version("multiple_choice") == grader_version("choice") == "choice/1 clean/1"
+        assert grader_version("regex:^a") == "regex/1 clean/1"
         assert grader_version("auto").split() == [
-            "auto/1", "code_exec/1", "exact/1", "multiple_choice/1", "numeric/1", "clean/1"
-        ]  # fmt: skip
+            "auto/1",
+            "choice/1",
+            "code/1",
+            "exact/1",
+            "numeric/2",
+            "clean/1",
+        ]
+        assert set(GRADER_VERSIONS) == set(GRADERS)
+
+
+class TestChoiceWithoutListedChoices:
+    grade = staticmethod(multiple_choice())
+
+    def test_letters_a_to_e(self) -> None:
+        item = Item(id="q", question="Which? (A) x (B) y (C) z (D) w (E) v", answer="D")
+        assert self.grade("The answer is D.", item).correct
+        assert self.grade("(e)", item).extracted == "E"
+        assert self.grade("F", item).extracted is None  # not one of A-E
+
+    def test_gold_must_be_a_letter(self) -> None:
+        with pytest.raises(GradingError, match="letters ABCDE"):
+            self.grade("A", Item(id="q", answer="F"))
+
+
+class TestRegex:
+    def test_gold_answer_as_the_pattern(self) -> None:
+        grade = regex()
+        item = Item(id="q", answer=r"(?i)\b(george )?washington\b")
+        assert grade("It was George Washington.", item).correct
+        assert grade("washington", item).extracted == "washington"
+        assert not grade("Lincoln", item).correct
+
+    def test_pattern_without_group_must_be_found(self) -> None:
+        grade = regex(r"^\d{3}-\d{4}$")
+        assert grade("555-1234", Item(id="q")).correct
+        assert not grade("call 555-1234", Item(id="q")).correct  # anchored to the whole response
+
+    def test_group_extracts_and_compares_with_gold(self) -> None:
+        grade = regex(r"Answer:\s*(\w+)")
+        item = Item(id="q", answer="Paris")
+        result = grade("Answer: Lyon... no. Answer: paris", item)  # the last match, normalised
+        assert (result.extracted, result.correct) == ("paris", True)
+        wrong = grade("Answer: Lyon", item)
+        assert (wrong.extracted, wrong.correct, wrong.detail) == ("Lyon", False, "expected 'Paris'")
+
+    def test_item_meta_beats_the_job_pattern(self) -> None:
+        grade = regex(r"never")
+        assert grade("42 apples", Item(id="q", meta={"regex": r"\b42\b"})).correct
+
+    def test_bad_pattern_is_a_data_error(self) -> None:
+        with pytest.raises(GradingError, match="bad pattern"):
+            regex()("x", Item(id="q", meta={"regex": "("}))
+
+
+class TestContains:
+    grade = staticmethod(contains())
+
+    def test_whole_phrase_anywhere(self) -> None:
+        item = Item(id="q", answer="George Washington")
+        assert self.grade("I believe it was george\n  washington, the general.", item).correct
+        assert not self.grade("Washington, George", item).correct
+
+    def test_not_inside_longer_words_or_numbers(self) -> None:
+        assert not self.grade("Parisian", Item(id="q", answer="Paris")).correct
+        assert not self.grade("420 or 42.5", Item(id="q", answer="42")).correct
+        assert self.grade("<think>maybe 41</think>It is 42.", Item(id="q", answer="42")).correct
+
+
+class TestJson:
+    def test_field_of_json_in_text(self) -> None:
+        grade = json_field("answer.value")
+        item = Item(id="q", answer="42")
+        result = grade('Sure! {"answer": {"value": 42, "unit": "m"}} Anything else?', item)
+        assert (result.extracted, result.correct) == ("42", True)
+        assert not grade('{"answer": {"value": 41}}', item).correct
+        assert grade('{"answer": {}}', item).detail == "no field 'answer.value' in the JSON"
+        assert grade("no json here", item).detail == "no JSON in the response"
+
+    def test_fenced_block_list_index_and_meta_field(self) -> None:
+        grade = json_field()
+        response = 'Draft: {"items": []}\n```json\n{"items": [{"name": "Ada"}]}\n```'
+        assert grade(response, Item(id="q", answer="ada", meta={"json_field": "items.0.name"})).correct
+
+    @pytest.mark.parametrize(
+        ("value", "gold", "correct"),
+        [
+            ('"25%"', "25", True),
+            ("1000.0", "1e3", True),
+            ("true", "true", True),
+            ("1", "true", False),
+            ('{"b": [1, 2], "a": null}', '{"a": null, "b": [1, 2]}', True),
+            ('"New  York"', "new york", True),
+        ],
+    )
+    def test_comparisons(self, value: str, gold: str, correct: bool) -> None:
+        grade = json_field("v")
+        assert grade(f'{{"v": {value}}}', Item(id="q", answer=gold)).correct is correct
+
+    def test_whole_document_without_a_field(self) -> None:
+        assert json_field()("[1, 2, 3]", Item(id="q", answer="[1,2,3]")).correct
+
+
+class TestJudge:
+    def test_parse_verdict(self) -> None:
+        assert parse_verdict("The response matches.\nVERDICT: CORRECT") is True
+        assert parse_verdict("verdict: correct? No.\n**Verdict:** **INCORRECT**") is False
+        assert parse_verdict("<think>VERDICT: CORRECT</think>Incorrect.") is False
+        assert parse_verdict("I cannot tell.") is None
+
+    def test_replay_judge_grades_by_item(self, tmp_path: Path) -> None:
+        verdicts = tmp_path / "verdicts.jsonl"
+        verdicts.write_text(
+            '{"id": "a", "response": "Same as the reference.\\nVERDICT: CORRECT"}\n'
+            '{"id": "b", "response": "VERDICT: INCORRECT"}\n'
+            '{"id": "c", "response": "hmm"}\n'
+        )
+        grade = get_grader(f"judge:replay:{verdicts}")
+        a = grade("Paris", Item(id="a", question="Capital of France?", answer="Paris"))
+        assert (a.extracted, a.correct, a.detail) == (
+            "CORRECT",
+            True,
+            "Same as the reference. VERDICT: CORRECT",
+        )
+        assert not grade("Lyon", Item(id="b", answer="Paris")).correct
+        c = grade("?", Item(id="c"))
+        assert (c.correct, c.detail) == (False, "no verdict from the judge: hmm")
+        with pytest.raises(PermanentEngineError):  # no verdict for this item: an engine failure
+            grade("?", Item(id="zzz"))
+
+    def test_openai_judge_sees_question_reference_response_and_rubric(self) -> None:
+        def verdict(messages: list[dict[str, Any]]) -> str:
+            prompt = messages[-1]["content"]
+            return "VERDICT: CORRECT" if "Response to grade:\n1889" in prompt else "VERDICT: INCORRECT"
+
+        with FakeProvider(answer=verdict) as provider:
+            grade = judge(provider.spec("judge-model"))
+            item = Item(id="q", question="When was the Eiffel Tower built?", answer="1887-1889",
+                        meta={"rubric": "The completion year is enough."})  # fmt: skip
+            assert grade("<think>hmm</think>1889", item).correct
+            assert not grade("1900", item).correct
+            sent = provider.requests[0].body or {}
+        prompt = sent["messages"][-1]["content"]
+        assert sent["messages"][0]["role"] == "system" and sent["temperature"] == 0.0
+        for part in ("When was the Eiffel Tower built?", "Reference answer:\n1887-1889",
+                     "Rubric:\nThe completion year is enough.", "VERDICT: CORRECT or VERDICT: INCORRECT"):  # fmt: skip
+            assert part in prompt
+
+    def test_judge_engine_failure_is_raised_for_a_retry(self) -> None:
+        with FakeProvider() as provider:
+            provider.script = lambda n, body: Reply(status=503)
+            grade = judge(provider.spec("judge-model", retries=0))
+            with pytest.raises(TransientEngineError):
+                grade("x", Item(id="q", answer="y"))
+
+
+class TestPassAtK:
+    def test_known_values(self) -> None:
+        assert pass_at_k(1, 1, 1) == 1.0 and pass_at_k(1, 0, 1) == 0.0
+        assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 is the pass rate
+        assert pass_at_k(10, 3, 5) == pytest.approx(1 - math.comb(7, 5) / math.comb(10, 5))
+        assert pass_at_k(10, 6, 5) == 1.0  # fewer than k failures: every draw passes
+        assert pass_at_k(200, 13, 100) == pytest.approx(1 - math.comb(187, 100) / math.comb(200, 100))
+
+    def test_bad_arguments(self) -> None:
+        for n, c, k in ((5, 6, 1), (5, 1, 0), (5, 1, 6), (5, -1, 1)):
+            with pytest.raises(ValueError):
+                pass_at_k(n, c, k)

@@ -79,7 +79,9 @@ class TestSandbox:
     def test_cpu_time_is_limited(self) -> None:
         # threads spinning together burn CPU time faster than wall time passes
         program = "import threading, time\ndef spin():\n    while True:\n        pass\n"
-        program += "for _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\ntime.sleep(60)"
+        program += (
+            "for _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\ntime.sleep(60)"
+        )
         result = run_program(program, Limits(timeout_s=20.0, cpu_seconds=1))
         assert (result.passed, result.timed_out) == (False, False)
         assert result.exit_code == -signal.SIGXCPU

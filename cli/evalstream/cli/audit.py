@@ -23,6 +23,7 @@ import string
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from types import ModuleType
 from typing import Any
 
 import asyncpg
@@ -148,10 +149,21 @@ def model_agreement(
     return flags
 
 
+def _grading() -> ModuleType | None:
+    """The worker's graders, where installed: the producer image carries evalctl without them."""
+    try:
+        from evalstream.worker import grading
+    except ImportError:
+        return None
+    return grading
+
+
 def unparsable_golds(items: Sequence[Item], grader: str) -> list[Flag]:
     """Needs the graders (worker code); raises ImportError where they are not installed."""
-    from evalstream.worker.grading import item_problem, resolve_grader
-
+    grading = _grading()
+    if grading is None:
+        raise ImportError("evalstream.worker.grading")
+    item_problem, resolve_grader = grading.item_problem, grading.resolve_grader
     flags = []
     resolved = {i.id: resolve_grader(grader, i) for i in items}
     numeric_share: dict[str | None, tuple[int, int]] = {}
@@ -263,7 +275,7 @@ def print_audit(report: dict[str, Any], label: str) -> None:
     for f in report["flags"]:
         ev = f["evidence"]
         if f["kind"] == DUPLICATE:
-            gold = "; ".join(f"{k}={v}" for k, v in ev["answers"].items())
+            gold = " vs ".join(str(v) for v in ev["answers"].values())
             detail = f"same question: {ev['question'][:50]!r}"
         elif f["kind"] == AGREEMENT:
             gold = str(ev["gold"])

@@ -33,7 +33,7 @@ SHOWN = 20
 class Dataset:
     content_sha256: str
     items: list[Item]
-    label: str  # what the user named: a file, or a version's name
+    label: str  # the file the user named, or the name the version was first submitted as
 
 
 class DatasetRefError(LookupError):
@@ -127,7 +127,7 @@ async def load_ref(conn: asyncpg.Connection, settings: Settings, ref: str) -> Da
         raise DatasetRefError(
             f"the stored copy of {row['content_sha256'][:12]} does not match its hash ({digest[:12]})"
         )
-    return Dataset(digest, items, f"{row['name']} ({digest[:12]})")
+    return Dataset(digest, items, row["name"])
 
 
 # --------------------------------------------------------------------------- commands

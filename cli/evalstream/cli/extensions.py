@@ -11,4 +11,5 @@ MODULES: list[str] = [
     "evalstream.cli.compare",
     "evalstream.cli.reproduce",
     "evalstream.cli.audit",
+    "evalstream.cli.regrade",
 ]

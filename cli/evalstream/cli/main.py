@@ -37,6 +37,7 @@ from evalstream.common.messages import (
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 from evalstream.common.specs import DEFAULT_MODEL, GRADER_NAMES
+from evalstream.router.fleet import Fleet, Group
 
 EXIT_REJECTED = 2
 EXIT_FAILED = 1
@@ -403,20 +404,29 @@ async def read_heartbeats(bootstrap: str) -> list[Heartbeat]:
     return list(latest.values())
 
 
-async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
-    beats = await read_heartbeats(settings.kafka_bootstrap)
-    now = time.time()
-    groups: dict[str, dict[str, Any]] = {}
-    for hb in beats:
-        g: dict[str, Any] = groups.setdefault(
-            hb.group, {"group": hb.group, "model": hb.model, "members": [], "healthy": 0}
-        )
-        is_live = now - hb.ts < 15 and hb.status != "stopped"
-        g["healthy"] += is_live
-        g["members"].append(
+RECENT_S = 3600.0  # `evalctl workers` hides groups silent for longer (unless --all)
+
+
+def worker_group_row(fleet: Fleet, group: Group, lag: dict[int, int], now: float) -> dict[str, Any]:
+    """One group as `evalctl workers` shows it, judged as the router judges it (same
+    heartbeat timeout, same saturation bound)."""
+    group.record_lag(sum(lag.values()), group.routed, now)
+    view = group.view(now, fleet.heartbeat_timeout_s, fleet.max_lag)
+    live = group.live_members(now, fleet.heartbeat_timeout_s)
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    return {
+        "group": group.name,
+        "model": group.model,
+        "health": fleet.health(group, now),
+        "healthy": len(live),
+        "members": [
             {
                 "worker_id": hb.worker_id,
-                "status": hb.status if is_live else "stale",
+                "status": hb.status if hb in live else "stale",
                 "device": hb.device,
                 "gpu_utilization": hb.gpu_utilization,
                 "cpu_utilization": hb.cpu_utilization,
@@ -424,30 +434,64 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
                 "queue_depth": hb.queue_depth,
                 "age_s": round(now - hb.ts, 1),
             }
-        )
-    for g in groups.values():
-        lag = await group_lag(
-            settings.kafka_bootstrap, topics.worker_consumer_group(g["group"]), topics.work_topic(g["group"])
-        )
-        g["lag"] = sum(lag.values())
-        live = [m for m in g["members"] if m["status"] != "stale"]
-        g["p95_ms"] = max((m["p95_ms"] for m in live), default=None)
-        utils = [m["gpu_utilization"] for m in live if m["gpu_utilization"] is not None]
-        g["gpu_utilization"] = sum(utils) / len(utils) if utils else None
-    if args.json:
-        out_json(list(groups.values()))
-        return
-    print(f"{'group':<16} {'model':<40} {'healthy':>7} {'lag':>6} {'gpu%':>5} {'p95 ms':>8}")
-    for g in groups.values():
-        gpu = f"{100 * g['gpu_utilization']:.0f}" if g["gpu_utilization"] is not None else "-"
-        p95 = f"{g['p95_ms']:.0f}" if g["p95_ms"] is not None else "-"
-        print(
-            f"{g['group']:<16} {g['model']:<40} {g['healthy']:>3}/{len(g['members']):<3} {g['lag']:>6} {gpu:>5} {p95:>8}"
-        )
-        for m in g["members"]:
-            print(
-                f"    {m['worker_id']:<24} {m['status']:<8} {m['device']:<24} queue {m['queue_depth']}  age {m['age_s']}s"
+            for hb in sorted(group.members.values(), key=lambda hb: hb.worker_id)
+        ],
+        "lag": view.outstanding,
+        "lag_by_partition": {str(p): n for p, n in sorted(lag.items())},
+        "saturated": view.saturated if live else None,
+        "gpu_utilization": mean([hb.gpu_utilization for hb in live]),
+        "cpu_utilization": mean([hb.cpu_utilization for hb in live]),
+        "gpu_memory_pressure": view.memory_pressure,
+        "p95_ms": view.p95_ms if live else None,
+        "last_heartbeat_s": round(now - group.last_seen, 1),
+    }
+
+
+async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
+    fleet = Fleet(settings.router_heartbeat_timeout_s, max_lag=settings.router_max_lag)
+    for hb in await read_heartbeats(settings.kafka_bootstrap):
+        fleet.observe(hb)
+    now = time.time()
+    shown = sorted(
+        (g for g in fleet.groups.values() if args.all or now - g.last_seen < RECENT_S),
+        key=lambda g: (not fleet.is_live(g, now), g.name),
+    )
+    lags = await asyncio.gather(
+        *(
+            group_lag(
+                settings.kafka_bootstrap, topics.worker_consumer_group(g.name), topics.work_topic(g.name)
             )
+            for g in shown
+        )
+    )
+    rows = [worker_group_row(fleet, g, lag, now) for g, lag in zip(shown, lags, strict=True)]
+    if args.json:
+        out_json(rows)
+        return
+
+    def pct(v: float | None) -> str:
+        return f"{100 * v:.0f}" if v is not None else "-"
+
+    print(
+        f"{'group':<24} {'model':<36} {'health':<8} {'live':>5} {'lag':>6} {'full':>4} "
+        f"{'gpu%':>5} {'mem%':>5} {'p95 ms':>8}"
+    )
+    for r in rows:
+        p95 = f"{r['p95_ms']:.0f}" if r["p95_ms"] is not None else "-"
+        full = {True: "yes", False: "no", None: "-"}[r["saturated"]]
+        print(
+            f"{r['group']:<24} {r['model'][:36]:<36} {r['health']:<8} {r['healthy']:>2}/{len(r['members']):<2} "
+            f"{r['lag']:>6} {full:>4} {pct(r['gpu_utilization']):>5} {pct(r['gpu_memory_pressure']):>5} {p95:>8}"
+        )
+        for m in r["members"]:
+            util = m["gpu_utilization"] if m["gpu_utilization"] is not None else m["cpu_utilization"]
+            print(
+                f"    {m['worker_id']:<32} {m['status']:<8} {m['device'][:28]:<28} util {pct(util)}%  "
+                f"p95 {m['p95_ms']:.0f} ms  queue {m['queue_depth']}  age {m['age_s']}s"
+            )
+    hidden = len(fleet.groups) - len(shown)
+    if hidden:
+        print(f"({hidden} group(s) silent for over {RECENT_S / 3600:.0f} h not shown: --all)")
 
 
 # --------------------------------------------------------------------------- main
@@ -528,8 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = dsub.add_parser(name, help=text)
         p.add_argument("run")
 
-    w = sub.add_parser("workers", help="worker groups: members, model, lag, GPU utilisation, p95")
+    w = sub.add_parser("workers", help="worker groups: members, model, lag, GPU utilisation, p95, health")
     w.add_argument("--json", action="store_true")
+    w.add_argument("--all", action="store_true", help="also groups silent for over an hour")
 
     for name in extensions.MODULES:
         importlib.import_module(name).register(sub)

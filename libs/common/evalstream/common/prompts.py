@@ -16,16 +16,17 @@ from evalstream.common.keys import canonical_json
 DEFAULT_TEMPLATES: dict[str, str] = {
     "numeric": "{question}\n\nWork it out, then give the final answer as a number on the last line.",
     "exact": "{question}\n\nAnswer in a few words.",
-    "multiple_choice": "{question}\n\n{choices}\n\nAnswer with the letter of the correct choice.",
-    "code_exec": "Complete the following Python function. Reply with the whole function in one "
+    "choice": "{question}\n\n{choices}\n\nAnswer with the letter of the correct choice.",
+    "code": "Complete the following Python function. Reply with the whole function in one "
     "```python code block.\n\n```python\n{question}```",
 }
 FALLBACK_TEMPLATE = "{question}"  # a grader without a default of its own
 
 
 def template_for(grader: str, template: str | None) -> str:
-    """The template a worker applies for an item graded by `grader` (never "auto")."""
-    return template or DEFAULT_TEMPLATES.get(grader, FALLBACK_TEMPLATE)
+    """The template a worker applies for an item graded by `grader` (never "auto"; a grader
+    SPEC's argument, as in "regex:^a", does not matter)."""
+    return template or DEFAULT_TEMPLATES.get(grader.partition(":")[0], FALLBACK_TEMPLATE)
 
 
 def effective_templates(template: str | None, graders: Iterable[str]) -> dict[str, str]:

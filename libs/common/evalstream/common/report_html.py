@@ -94,8 +94,12 @@ async def collect(
     if times is not None and times["last"] is not None:
         span_s = max(1.0, (times["last"] - times["start"]).total_seconds())
         step = _nice_step(span_s / TIMELINE_BUCKETS)
-        rows = await conn.fetch(_TIMELINE_SQL, run_id, times["start"], step)
-        timeline = [(r["b"] * step, r["n"], r["failed"]) for r in rows]
+        rows = {
+            r["b"]: (r["n"], r["failed"])
+            for r in await conn.fetch(_TIMELINE_SQL, run_id, times["start"], step)
+        }
+        # dense, so that a quiet stretch shows as zero instead of a line drawn across it
+        timeline = [(b * step, *rows.get(b, (0, 0))) for b in range(max(rows, default=-1) + 1)]
     failures = [dict(r) for r in await conn.fetch(_FAILURES_SQL, run_id, MAX_FAILURES_SHOWN)]
     return ReportData(
         summary=summary,
@@ -425,6 +429,7 @@ def render(data: ReportData) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <title>{_e(title)}</title><style>{_CSS}</style></head>
 <body>
 <h1>Run {_e(s["run_id"])}{f" — {_e(s['name'])}" if s.get("name") else ""}</h1>

@@ -18,6 +18,7 @@ SCHEMES = ("hf", "openai", "replay", "null")
 CANONICAL_GRADERS = ("exact", "numeric", "choice", "regex", "contains", "json", "code", "judge")
 GRADER_ALIASES = {"multiple_choice": "choice", "code_exec": "code"}  # earlier names, still accepted
 GRADER_NAMES = ("auto", *CANONICAL_GRADERS, *GRADER_ALIASES)
+AUTO_GRADERS = ("code", "choice", "numeric", "exact")  # what "auto" picks from, by the item's shape
 GRADERS_WITH_ARGUMENT = {"regex": False, "json": False, "judge": True}  # name -> argument required
 
 

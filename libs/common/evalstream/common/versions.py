@@ -5,24 +5,33 @@ run manifests without the worker's code. Bump a grader's version whenever a chan
 
 from __future__ import annotations
 
+from evalstream.common.specs import AUTO_GRADERS, CANONICAL_GRADERS, GRADER_NAMES, split_grader
+
 AUTO = "auto"
 AUTO_VERSION = "1"  # the "auto" selection rules (evalstream.worker.grading.resolve_grader)
 CLEAN_VERSION = "1"  # response cleaning (evalstream.worker.grading.clean)
-GRADER_VERSIONS: dict[str, str] = {
+GRADER_VERSIONS: dict[str, str] = {  # by canonical name (specs.CANONICAL_GRADERS)
     "exact": "1",
-    "numeric": "1",
-    "multiple_choice": "1",
-    "code_exec": "1",
+    "numeric": "2",  # 2: exactly boxed > "####" > last number (no "answer is"); full-width forms
+    "choice": "1",
+    "regex": "1",
+    "contains": "1",
+    "json": "1",
+    "code": "1",
+    "judge": "1",
 }
+assert set(GRADER_VERSIONS) == set(CANONICAL_GRADERS)
 
 
 def graders_for(name: str) -> list[str]:
-    """The concrete graders a job's grader `name` may use. Raises ValueError if unknown."""
+    """The concrete graders a job's grader SPEC may use, by canonical name ("code_exec" ->
+    ["code"], "regex:^a" -> ["regex"]). Raises ValueError if unknown."""
     if name == AUTO:
-        return sorted(GRADER_VERSIONS)
-    if name not in GRADER_VERSIONS:
-        raise ValueError(f"unknown grader {name!r}; known: {', '.join(sorted([AUTO, *GRADER_VERSIONS]))}")
-    return [name]
+        return sorted(AUTO_GRADERS)
+    canonical, _ = split_grader(name)
+    if canonical not in GRADER_VERSIONS:
+        raise ValueError(f"unknown grader {name!r}; known: {', '.join(GRADER_NAMES)}")
+    return [canonical]
 
 
 def grader_version(name: str) -> str:

@@ -199,9 +199,14 @@ def _int(value: str | None) -> int | None:
 async def after_write(shards: set[tuple[str, str]]) -> None:
     """Mirror the touched shards to S3, then complete the runs that have every result."""
     s3 = state["s3"]
-    for run_id, shard_id in sorted(shards):
-        rows = await store().shard_rows(run_id, shard_id)
-        await asyncio.to_thread(objects.write_shard, s3, settings.s3_bucket_results, run_id, shard_id, rows)
+    by_shard = await store().shards_rows(shards)
+    # S3 round trips overlap in threads: one batch can touch hundreds of shards.
+    await asyncio.gather(
+        *(
+            asyncio.to_thread(objects.write_shard, s3, settings.s3_bucket_results, run_id, shard_id, rows)
+            for (run_id, shard_id), rows in sorted(by_shard.items())
+        )
+    )
     for run_id in sorted({r for r, _ in shards}):
         await maybe_complete(run_id)
 

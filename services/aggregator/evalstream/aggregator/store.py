@@ -35,19 +35,43 @@ _COLUMNS = (
     "truncated",
     "category",
 )
-_VALUES = ", ".join(f"${i + 1}" for i in range(len(_COLUMNS)))
+_TYPES = {
+    "correct": "boolean",
+    "score": "float8",
+    "attempts": "int4",
+    "cache_hit": "boolean",
+    "latency_ms": "float8",
+    "prompt_tokens": "int4",
+    "completion_tokens": "int4",
+    "truncated": "boolean",
+}
+# One statement per batch: every column as an array, unnested server-side.
+_UNNEST = ", ".join(f"${i + 1}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(_COLUMNS))
 _UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[2:]) + ", recorded_at = now()"
+_INSERT = f"INSERT INTO item_results ({', '.join(_COLUMNS)}) SELECT * FROM unnest({_UNNEST}) "
 
+# `xmax = 0` tells a fresh insert from an update: only inserts add to a run's count.
 UPSERT_SUCCESS = (
-    f"INSERT INTO item_results ({', '.join(_COLUMNS)}) VALUES ({_VALUES}) "
-    f"ON CONFLICT (run_id, item_id) DO UPDATE SET {_UPDATES} "
-    "WHERE item_results.error IS NOT NULL AND EXCLUDED.error IS NULL"
+    _INSERT + f"ON CONFLICT (run_id, item_id) DO UPDATE SET {_UPDATES} "
+    "WHERE item_results.error IS NOT NULL AND EXCLUDED.error IS NULL "
+    "RETURNING run_id, (xmax = 0) AS inserted"
 )
-INSERT_FAILURE = f"INSERT INTO item_results ({', '.join(_COLUMNS)}) VALUES ({_VALUES}) ON CONFLICT (run_id, item_id) DO NOTHING"
+INSERT_FAILURE = _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING run_id, true AS inserted"
 
 
-def _row(r: ItemResult) -> tuple[Any, ...]:
-    return tuple(getattr(r, c) for c in _COLUMNS)
+def _columns(results: Sequence[ItemResult]) -> list[list[Any]]:
+    return [[getattr(r, c) for r in results] for c in _COLUMNS]
+
+
+def _one_per_item(results: Iterable[ItemResult]) -> list[ItemResult]:
+    """A batch may hold a result and its redelivered copy; one statement must not touch a
+    row twice, so keep one per item (a success over a failure)."""
+    best: dict[tuple[str, str], ItemResult] = {}
+    for r in results:
+        key = (r.run_id, r.item_id)
+        if key not in best or (best[key].error is not None and r.error is None):
+            best[key] = r
+    return list(best.values())
 
 
 @dataclass(frozen=True)
@@ -103,24 +127,38 @@ class ResultStore:
                         for d in dead_letters
                     ],
                 )
-            if successes:
-                await conn.executemany(UPSERT_SUCCESS, [_row(r) for r in successes])
-            if failures:
-                await conn.executemany(INSERT_FAILURE, [_row(r) for r in failures])
+            added: dict[str, int] = {}
+            for sql, rows in (
+                (UPSERT_SUCCESS, _one_per_item(successes)),
+                (INSERT_FAILURE, _one_per_item(failures)),
+            ):
+                if rows:
+                    for rec in await conn.fetch(sql, *_columns(rows)):
+                        added[rec["run_id"]] = added.get(rec["run_id"], 0) + int(rec["inserted"])
+            if added:
+                await conn.executemany(
+                    "UPDATE runs SET recorded = recorded + $2, updated_at = now() WHERE run_id = $1",
+                    [(run_id, n) for run_id, n in added.items() if n],
+                )
 
-    async def shard_rows(self, run_id: str, shard_id: str) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
-            f"SELECT {', '.join(_COLUMNS)} FROM item_results WHERE run_id = $1 AND shard_id = $2 ORDER BY item_id",
-            run_id,
-            shard_id,
+    async def shards_rows(
+        self, shards: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], list[asyncpg.Record]]:
+        """Every row of the given (run_id, shard_id) shards, in one query, by shard."""
+        keys = sorted(set(shards))
+        rows = await self.pool.fetch(
+            f"SELECT {', '.join(_COLUMNS)} FROM item_results"
+            " WHERE (run_id, shard_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY item_id",
+            [k[0] for k in keys],
+            [k[1] for k in keys],
         )
+        out: dict[tuple[str, str], list[asyncpg.Record]] = {k: [] for k in keys}
+        for r in rows:
+            out[(r["run_id"], r["shard_id"])].append(r)
+        return out
 
     async def progress(self, run_id: str) -> tuple[str, int | None, int]:
         """(status, total, results so far)."""
-        row = await self.pool.fetchrow(
-            "SELECT status, total, (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id) AS done"
-            " FROM runs r WHERE run_id = $1",
-            run_id,
-        )
+        row = await self.pool.fetchrow("SELECT status, total, recorded FROM runs WHERE run_id = $1", run_id)
         assert row is not None
-        return row["status"], row["total"], row["done"]
+        return row["status"], row["total"], row["recorded"]

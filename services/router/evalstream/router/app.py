@@ -1,44 +1,96 @@
 """The router service: eval.shards and eval.retry -> eval.work.<group>.
 
-First version: a shard goes to a healthy group that serves its model, the one whose
-members report the shortest queue. While no healthy group serves it, the shard waits (the
-partition is back-pressured); if no group has *ever* served its model for
-ROUTER_NO_GROUP_TIMEOUT_S, its items are dead-lettered so that the run still finishes.
+Each shard goes to a healthy worker group that serves its model, chosen by ROUTER_POLICY
+(router/policy.py; weighted score by default) from heartbeats and consumer lag
+(router/fleet.py, router/health.py). Opted-in runs may be sent to a lighter model while the
+requested one violates its SLA (router/sla.py); the shard then carries `served_model`.
+
+Back-pressure: when every eligible group is saturated (outstanding shards ≥ ROUTER_MAX_LAG
+per live member) the handler holds its shard and waits, so its partition is not read
+further. One consumer per input partition (max_workers), so a saturated model stalls only
+the partitions whose head shard needs it, and the router holds at most one shard per
+consumer plus aiokafka's bounded prefetch (one fetch per partition): memory stays bounded
+however long the queue upstream grows, and the backlog stays in Kafka.
+
+While no healthy group serves a shard's model it waits too; if no group has *ever* served
+it for ROUTER_NO_GROUP_TIMEOUT_S, its items are dead-lettered so that the run still ends.
+
+ROUTER_SHARDS_TOPIC / ROUTER_RETRY_TOPIC replace the input topics (a benchmark or test
+router of its own, next to the stack's, on the same broker); ROUTER_GROUPS limits the worker
+groups a router uses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
+from aiokafka import TopicPartition
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
 from evalstream.common import service, topics
 from evalstream.common.messages import Heartbeat, Shard, decode, encode
-from evalstream.common.metrics import SHARDS
+from evalstream.common.metrics import ROUTER_BACKPRESSURE, ROUTER_ROUTED, SHARDS
 from evalstream.common.settings import Settings
-from evalstream.router.fleet import Fleet, Group
+from evalstream.router.health import LagMonitor, RescueManager
+from evalstream.router.routing import Blocked, Placement, Router, RouterConfig
 
 log = logging.getLogger("evalstream.router")
 settings = Settings.from_env()
+config = RouterConfig.from_settings(settings)
 broker = service.make_broker(settings, "router")
-fleet = Fleet(heartbeat_timeout_s=settings.router_heartbeat_timeout_s)
+router = Router(config)
 NO_GROUP_TIMEOUT_S = settings.router_no_group_timeout_s
+SHARDS_TOPIC = settings.router_shards_topic or topics.SHARDS
+RETRY_TOPIC = None if settings.router_retry_topic == "none" else settings.router_retry_topic or topics.RETRY
+state: dict[str, Any] = {"stopping": False}
 
 
-def choose(groups: list[Group]) -> Group:
-    now = time.time()
-    return min(
-        groups,
-        key=lambda g: (
-            sum(m.queue_depth for m in g.live_members(now, fleet.heartbeat_timeout_s))
-            / max(1, len(g.live_members(now, fleet.heartbeat_timeout_s))),
-            g.name,
-        ),
-    )
+class ShuttingDown(Exception):
+    """Raised in a waiting handler at shutdown: the shard is not acknowledged, so it is
+    redelivered to the next router instead of holding the shutdown up."""
+
+
+async def place(shard: Shard, stop: Callable[[Blocked], bool]) -> Placement | Blocked:
+    """Waits until the shard has a group, or `stop(reason)` says to stop waiting."""
+    waiting = False
+    try:
+        while True:
+            if state["stopping"]:
+                raise ShuttingDown(shard.shard_id)
+            decision = router.decide(shard, time.time())
+            if isinstance(decision, Placement) or stop(decision):
+                return decision
+            if decision is Blocked.SATURATED and not waiting:
+                ROUTER_BACKPRESSURE.inc()
+                waiting = True
+            await router.wait_change(0.5)
+    finally:
+        if waiting:
+            ROUTER_BACKPRESSURE.dec()
+
+
+async def forward(shard: Shard, placement: Placement, reason: str) -> None:
+    served = placement.model if placement.model != shard.model else None
+    routed = msgspec.structs.replace(shard, routed_to=placement.group, served_model=served)
+    await broker.publish(encode(routed), topics.work_topic(placement.group), key=shard.run_id.encode())
+    SHARDS.labels(service="router", outcome=reason).inc()
+    ROUTER_ROUTED.labels(
+        policy=config.policy, worker_group=placement.group, model=placement.model, reason=reason
+    ).inc()
+
+
+def still_assigned(record: service.Record) -> bool:
+    """False when a rebalance took the record's partition away while it waited: its new
+    owner routes it (from the committed offset), so this one must not."""
+    consumer = getattr(record, "consumer", None)
+    return consumer is None or TopicPartition(record.topic, record.partition) in consumer.assignment()
 
 
 async def route(msg: KafkaMessage) -> None:
@@ -54,15 +106,37 @@ async def route(msg: KafkaMessage) -> None:
     if wait > 0:  # a retry: hold this partition (eval.retry only) until it is due
         await asyncio.sleep(wait)
     deadline = time.monotonic() + NO_GROUP_TIMEOUT_S
-    while not (groups := fleet.eligible(shard.model, shard.worker_group)):
-        if time.monotonic() > deadline and not fleet.known(shard.model, shard.worker_group):
-            await dead_letter_unroutable(shard, record)
-            return
-        await asyncio.sleep(0.5)
-    group = choose(groups)
-    routed = msgspec.structs.replace(shard, routed_to=group.name)
-    await broker.publish(encode(routed), topics.work_topic(group.name), key=shard.run_id.encode())
-    SHARDS.labels(service="router", outcome="routed").inc()
+
+    def unroutable(reason: Blocked) -> bool:
+        return (
+            reason is Blocked.NO_GROUP
+            and time.monotonic() > deadline
+            and not router.fleet.known(shard.model, shard.worker_group)
+        )
+
+    placement = await place(shard, unroutable)
+    if not isinstance(placement, Placement):
+        await dead_letter_unroutable(shard, record)
+    elif still_assigned(record):
+        await forward(shard, placement, "routed")
+
+
+async def rescue(shard: Shard | None, record: service.Record, stopping: Callable[[], bool]) -> bool | None:
+    """Moves one shard found on a dead group's topic (health.Rescuer)."""
+    if shard is None:
+        error = "undecodable shard on a dead group's work topic"
+        await service.dead_letter(broker, record.value or b"", service.dead_letter_headers(record, error))
+        return True
+    if shard.worker_group is not None:
+        return False  # pinned: it waits for its own group
+    try:
+        placement = await place(shard, lambda reason: stopping() or reason is Blocked.NO_GROUP)
+    except ShuttingDown:
+        return None
+    if isinstance(placement, Placement):
+        await forward(shard, placement, "rerouted")
+        return True
+    return None if stopping() else False
 
 
 async def dead_letter_unroutable(shard: Shard, record: object) -> None:
@@ -84,13 +158,24 @@ async def dead_letter_unroutable(shard: Shard, record: object) -> None:
     SHARDS.labels(service="router", outcome="unroutable").inc()
 
 
-_common = {
-    "auto_offset_reset": "earliest",
-    "ack_policy": AckPolicy.NACK_ON_ERROR,
-    "max_poll_interval_ms": 30 * 60 * 1000,
-}
-broker.subscriber(topics.SHARDS, group_id=topics.ROUTER_GROUP, **_common)(route)  # type: ignore[call-overload]
-broker.subscriber(topics.RETRY, group_id=topics.RETRY_GROUP, **_common)(route)  # type: ignore[call-overload]
+def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]:
+    """Subscriber arguments for an input topic: one consumer per partition, and a consumer
+    group of its own for a replaced topic (it must not share the stack router's group)."""
+    partitions = next((t.partitions for t in topics.BASE_TOPICS if t.name == topic), topics.WORK_PARTITIONS)
+    return {
+        "group_id": default_group if topic == default_topic else f"{topics.ROUTER_GROUP}.{topic}",
+        "max_workers": partitions,
+        "auto_offset_reset": "earliest",
+        "ack_policy": AckPolicy.NACK_ON_ERROR,
+        # Waiting for room (back-pressure) is deliberate, not a stuck consumer: don't let
+        # aiokafka leave the group over it.
+        "max_poll_interval_ms": 24 * 3600 * 1000,
+    }
+
+
+broker.subscriber(SHARDS_TOPIC, **_input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP))(route)
+if RETRY_TOPIC:
+    broker.subscriber(RETRY_TOPIC, **_input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP))(route)
 
 
 # Every router instance reads every heartbeat: no consumer group, from the start of the
@@ -100,12 +185,37 @@ async def on_heartbeat(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
     if not record.value:
         if record.key:
-            fleet.forget(record.key.decode())
+            router.fleet.forget(record.key.decode())
         return
     try:
-        fleet.observe(decode(record.value, Heartbeat))
+        router.observe(decode(record.value, Heartbeat))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.warning("ignoring undecodable heartbeat: %s", exc)
 
 
-app = service.make_app(broker)
+async def start_background() -> None:
+    rescues = RescueManager(router, settings.kafka_bootstrap, settings.router_reroute_after_s, rescue)
+    monitor = LagMonitor(router, settings.kafka_bootstrap, settings.router_lag_interval_s)
+    state["rescues"] = rescues
+    state["monitor"] = asyncio.create_task(monitor.run(after_each=rescues.sync))
+    log.info(
+        "routing %s (+ %s) with policy %s to groups %s",
+        SHARDS_TOPIC,
+        RETRY_TOPIC or "no retry topic",
+        config.policy,
+        config.groups,
+    )
+
+
+async def stop_background() -> None:
+    state["stopping"] = True  # waiting handlers give their shards back
+    monitor: asyncio.Task[None] | None = state.get("monitor")
+    if monitor:
+        monitor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await monitor
+    if "rescues" in state:
+        await state["rescues"].close()
+
+
+app = service.make_app(broker, after_startup=[start_background], on_shutdown=[stop_background])

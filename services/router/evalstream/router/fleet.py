@@ -64,8 +64,7 @@ class Group:
         util = [
             u
             for hb in live
-            if (u := hb.gpu_utilization if hb.gpu_utilization is not None else hb.cpu_utilization)
-            is not None
+            if (u := hb.gpu_utilization if hb.gpu_utilization is not None else hb.cpu_utilization) is not None
         ]
         pressure = [
             hb.gpu_memory_used_bytes / (hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes)
@@ -128,7 +127,9 @@ class Fleet:
         ]
 
     def views(self, model: str, pinned: str | None, now: float) -> list[GroupView]:
-        return [g.view(now, self.heartbeat_timeout_s, self.max_lag) for g in self.eligible(model, pinned, now)]
+        return [
+            g.view(now, self.heartbeat_timeout_s, self.max_lag) for g in self.eligible(model, pinned, now)
+        ]
 
     def live_views(self, now: float) -> list[GroupView]:
         return [

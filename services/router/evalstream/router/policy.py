@@ -4,12 +4,13 @@ The inputs are snapshots (`GroupView`, built by router/fleet.py from heartbeats 
 consumer lag) and the shard's traits; whatever outlives one decision (the round-robin turn,
 the sliding window of `AdaptiveWeights`) belongs to the caller, who also passes the time in.
 Every policy considers only the *eligible* groups it is given (healthy, serving the model)
-and returns None when all of them are saturated: the caller then holds the shard
-(back-pressure) instead of piling it onto a full queue.
+and returns None when all of them are saturated (outstanding shards ≥ ROUTER_MAX_LAG per
+live member): the caller then holds the shard (back-pressure) instead of piling it onto a
+full queue.
 
 ROUTER_POLICY selects one of:
 
-``weighted`` (default): the lowest score wins among the non-saturated groups::
+``weighted`` (default): the lowest score wins::
 
     score(g, s) = w_lag·L_g + w_lat·P_g + w_gpu·U_g + w_mem·π_s·M_g
 
@@ -39,6 +40,10 @@ ROUTER_POLICY selects one of:
 ``(outstanding_g + 1) / rate_g``, where rate_g is the group's measured drain rate (shards
 committed per second while it had a backlog); until every candidate has one, live members
 stand in for the rate (weighted least connections).
+
+For both, when the best group is saturated the shard waits for it instead of queueing
+behind a worse group (a 4× slower group would make it, and the end of the run, later),
+unless some group is idle: a healthy group never idles while shards wait.
 
 ``consistent_hash``: prefix affinity. Each group owns 64 virtual nodes on a hash ring; a
 shard's key is its model and the first 256 characters of its prompt (system prompt,
@@ -210,25 +215,33 @@ def _open(views: Sequence[GroupView]) -> list[GroupView]:
     return [v for v in views if not v.saturated]
 
 
+def _best_or_wait(ranked: list[GroupView]) -> GroupView | None:
+    """The best-ranked group; if it is saturated, the shard waits for it rather than queue
+    behind a worse group, unless a group sits idle (a healthy group never idles while
+    shards wait). None: wait."""
+    if not ranked:
+        return None
+    if not ranked[0].saturated:
+        return ranked[0]
+    return next((v for v in ranked if v.outstanding == 0 and not v.saturated), None)
+
+
 def pick_weighted(views: Sequence[GroupView], weights: Weights, prompt_tokens: float) -> GroupView | None:
-    candidates = _open(views)
     max_p95 = max((v.p95_ms for v in views), default=0.0)
-    return min(
-        candidates,
-        key=lambda v: (weighted_score(v, weights, max_p95, prompt_tokens), v.load, v.name),
-        default=None,
+    return _best_or_wait(
+        sorted(views, key=lambda v: (weighted_score(v, weights, max_p95, prompt_tokens), v.load, v.name))
     )
 
 
+def expected_delay(view: GroupView, use_rate: bool) -> float:
+    """Seconds (or, without measured rates, shards per member) until a new shard is done."""
+    rate = view.drain_rate if use_rate and view.drain_rate else float(max(1, view.members))
+    return (view.outstanding + 1) / rate
+
+
 def pick_least_outstanding(views: Sequence[GroupView]) -> GroupView | None:
-    candidates = _open(views)
-    measured = all(v.drain_rate for v in candidates)
-
-    def expected_delay(v: GroupView) -> float:
-        rate = v.drain_rate if measured and v.drain_rate else float(max(1, v.members))
-        return (v.outstanding + 1) / rate
-
-    return min(candidates, key=lambda v: (expected_delay(v), v.outstanding, v.name), default=None)
+    use_rate = all(v.drain_rate for v in views)
+    return _best_or_wait(sorted(views, key=lambda v: (expected_delay(v, use_rate), v.outstanding, v.name)))
 
 
 def _point(text: str) -> int:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from evalstream.common.messages import Heartbeat, Shard
 from evalstream.common.metrics import ROUTER_POLICY_WEIGHT, ROUTER_SLA_VIOLATION
 from evalstream.common.settings import Settings
-from evalstream.router import policy, sla
+from evalstream.router import policy as policies
+from evalstream.router import sla
 from evalstream.router.fleet import Fleet
 
 
@@ -38,7 +39,7 @@ class Placement:
 @dataclass(frozen=True)
 class RouterConfig:
     policy: str = "weighted"
-    weights: policy.Weights | None = None
+    weights: policies.Weights | None = None
     heartbeat_timeout_s: float = 15.0
     max_lag: int = 32
     groups: str = "*"
@@ -53,8 +54,8 @@ class RouterConfig:
         if s.router_max_lag < 1:
             raise ValueError("ROUTER_MAX_LAG must be >= 1")
         return cls(
-            policy=policy.check_policy(s.router_policy),
-            weights=policy.parse_weights(s.router_weights),
+            policy=policies.check_policy(s.router_policy),
+            weights=policies.parse_weights(s.router_weights),
             heartbeat_timeout_s=s.router_heartbeat_timeout_s,
             max_lag=s.router_max_lag,
             groups=s.router_groups,
@@ -69,7 +70,7 @@ class Router:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
         self.fleet = Fleet(config.heartbeat_timeout_s, config.groups, config.max_lag)
-        self.weights = policy.AdaptiveWeights(config.weights or policy.parse_weights("lag=1"))
+        self.weights = policies.AdaptiveWeights(config.weights or policies.parse_weights("lag=1"))
         self.sla = sla.SlaWindow()
         self.fallback = dict(config.fallback)
         self.turn = 0  # round robin
@@ -100,12 +101,12 @@ class Router:
         if shard.sla_fallback and shard.worker_group is None and self.fallback:
             level = self.sla_tier(shard.model, now)
             models = sla.candidates(shard.model, self.fallback, level)
-        shard_traits = policy.traits(shard)
+        shard_traits = policies.traits(shard)
         for model in models:
             views = self.fleet.views(model, shard.worker_group, now)
             if not views:
                 continue  # nobody healthy serves this model: try the next candidate
-            chosen = policy.choose(
+            chosen = policies.choose(
                 self.config.policy, views, shard_traits, weights=self.weights.current, turn=self.turn
             )
             if chosen is None:

@@ -42,6 +42,7 @@ from evalstream.worker.cache import AnswerCache
 from evalstream.worker.engines import load_engine
 from evalstream.worker.engines.base import Engine, PermanentEngineError
 from evalstream.worker.engines.chaos import ChaosEngine
+from evalstream.worker.engines.slow import SlowEngine
 from evalstream.worker.gpu import sample_device_metrics
 from evalstream.worker.runner import Failure, ModelRunner, Outcome, RunnerConfig
 
@@ -65,6 +66,8 @@ class Engines:
             engine = load_engine(spec, settings)
             if settings.engine_faults:
                 engine = ChaosEngine(engine, settings.engine_faults)
+            if settings.engine_delay_ms:
+                engine = SlowEngine(engine, settings.engine_delay_ms)
             self._loaded[spec] = engine
         return engine
 

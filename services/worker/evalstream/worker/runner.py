@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgspec
@@ -22,6 +23,7 @@ from evalstream.common.metrics import (
     BATCH_SIZE,
     ENGINE_BUSY,
     ENGINE_BUSY_SECONDS,
+    ENGINE_REQUESTS,
     PADDING_RATIO,
     STAGE_LATENCY,
     TOKENS,
@@ -31,6 +33,9 @@ from evalstream.worker.cache import AnswerCache, CachedAnswer
 from evalstream.worker.engines.base import Engine, EngineError, GenRequest
 from evalstream.worker.grading import get_grader, resolve_grader
 from evalstream.worker.prompting import build_messages
+from evalstream.worker.sandbox import SandboxUnavailable
+
+GRADING_THREADS = 8
 
 
 @dataclass
@@ -100,15 +105,21 @@ class ModelRunner:
         fresh: list[tuple[str, str, CachedAnswer]] = []
         for group in by_engine.values():
             engine = group[0].engine
-            plan = plan_batches(
-                [p.prompt_tokens for p in group],
-                token_budget=self.config.token_budget,
-                max_items=self.config.max_items,
-                max_new_tokens=[p.request.params.max_tokens for p in group],
+            plan = (
+                # an API engine paces its requests itself: the token budget is a device's limit
+                [list(range(len(group)))]
+                if getattr(engine, "schedules_itself", False)
+                else plan_batches(
+                    [p.prompt_tokens for p in group],
+                    token_budget=self.config.token_budget,
+                    max_items=self.config.max_items,
+                    max_new_tokens=[p.request.params.max_tokens for p in group],
+                )
             )
             for batch_idx in plan:
                 batch = [group[i] for i in batch_idx]
                 BATCH_SIZE.observe(len(batch))
+                ENGINE_REQUESTS.labels(model=engine.name).inc(len(batch))
                 PADDING_RATIO.observe(padding_ratio([p.prompt_tokens for p in batch]))
                 started = time.monotonic()
                 with telemetry.engine_span(batch[0].shard.model, batch[0].request.params, len(batch)) as span:
@@ -137,7 +148,9 @@ class ModelRunner:
         if self.cache:
             await self.cache.put_many(fresh)
         started = time.monotonic()
-        graded = await asyncio.to_thread(self._grade_all, answered)
+        graded, ungraded = await asyncio.to_thread(self._grade_all, answered)
+        outcome.failures += ungraded
+        self.recent_errors += len(ungraded)
         STAGE_LATENCY.labels(stage="grading").observe(time.monotonic() - started)
         for result in graded:
             outcome.results[result.shard_id].append(result)
@@ -150,9 +163,11 @@ class ModelRunner:
     def _prepare(self, shards: list[Shard], outcome: Outcome) -> list[_Pending]:
         pending = []
         for shard in shards:
+            # the router's SLA fallback may hand the shard to a lighter model than requested
+            model = shard.served_model or shard.model
             for item in shard.items:
                 try:
-                    engine = self.engine_for(shard.model)
+                    engine = self.engine_for(model)
                     grader = resolve_grader(shard.grader, item)
                     messages = build_messages(shard, item, grader)
                     prompt = engine.render_prompt(messages)
@@ -169,7 +184,7 @@ class ModelRunner:
                 key = None
                 if gen.temperature == 0.0 and engine.cacheable:
                     key = cache_key(
-                        model=shard.model,
+                        model=model,
                         model_revision=engine.revision,
                         generation=msgspec.to_builtins(gen),
                         prompt=prompt,
@@ -180,33 +195,42 @@ class ModelRunner:
 
     def _grade_all(
         self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
-    ) -> list[ItemResult]:
-        results = []
-        for p, answer, latency_ms, cache_hit, truncated in answered:
+    ) -> tuple[list[ItemResult], list[Failure]]:
+        # a few threads: code runs in sandbox processes and a judge waits on its model
+        with ThreadPoolExecutor(GRADING_THREADS, thread_name_prefix="grading") as pool:
+            graded = list(pool.map(self._grade_one, answered))
+        return [g for g in graded if isinstance(g, ItemResult)], [g for g in graded if isinstance(g, Failure)]
+
+    def _grade_one(self, entry: tuple[_Pending, CachedAnswer, float, bool, bool]) -> ItemResult | Failure:
+        p, answer, latency_ms, cache_hit, truncated = entry
+        try:
             # Graders clean what they read themselves (think blocks, fences): cleaning here
             # would strip a code body's first-line indentation.
             grade = get_grader(p.grader, p.item)(answer.response, p.item)
-            results.append(
-                ItemResult(
-                    run_id=p.shard.run_id,
-                    item_id=p.item.id,
-                    shard_id=p.shard.shard_id,
-                    response=answer.response,
-                    extracted=grade.extracted,
-                    correct=grade.correct,
-                    score=grade.score,
-                    attempts=p.shard.attempt,
-                    cache_hit=cache_hit,
-                    latency_ms=latency_ms,
-                    served_by=f"{self.config.group}/{p.engine.name}",
-                    model_revision=p.engine.revision,
-                    prompt_tokens=answer.prompt_tokens,
-                    completion_tokens=answer.completion_tokens,
-                    truncated=truncated,
-                    category=p.item.category,
-                )
-            )
-        return results
+        except EngineError as exc:  # a judge's model failed: retried like the item's own
+            return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", exc.transient)
+        except SandboxUnavailable as exc:  # this worker's fault: another attempt may go elsewhere
+            return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", True)
+        except Exception as exc:  # an item that cannot be graded must not sink its shard
+            return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", False)
+        return ItemResult(
+            run_id=p.shard.run_id,
+            item_id=p.item.id,
+            shard_id=p.shard.shard_id,
+            response=answer.response,
+            extracted=grade.extracted,
+            correct=grade.correct,
+            score=grade.score,
+            attempts=p.shard.attempt,
+            cache_hit=cache_hit,
+            latency_ms=latency_ms,
+            served_by=f"{self.config.group}/{p.engine.name}",
+            model_revision=p.engine.revision,
+            prompt_tokens=answer.prompt_tokens,
+            completion_tokens=answer.completion_tokens,
+            truncated=truncated,
+            category=p.item.category,
+        )
 
     def _update_busy(self) -> None:
         now = time.monotonic()

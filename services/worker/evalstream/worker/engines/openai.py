@@ -263,7 +263,9 @@ def parse_completion(body: bytes) -> Completion:
     content = message.get("content") if isinstance(message, dict) else None
     if content is not None and not isinstance(content, str):
         raise ValueError(f"message content is a {type(content).__name__}, not text")
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
     try:
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)

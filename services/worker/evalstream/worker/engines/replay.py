@@ -26,9 +26,11 @@ class ReplayEngine:
         self.path = Path(path)
         self.name = name or f"replay:{self.path}"
         data = self.path.read_bytes()
-        # the answers are the "weights": a changed file must not hit the old cache entries
+        # the answers are the "weights": the file's hash names what served a run
         self.revision = hashlib.sha256(data).hexdigest()
-        self.cacheable = True
+        # Answers are looked up by item id, not computed from the prompt: the prompt-keyed
+        # answer cache would hand one item's answer to another item with the same prompt.
+        self.cacheable = False
         self.answers: dict[str, tuple[str, str]] = {}  # id -> (text, format)
         self.duplicates = 0
         for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):

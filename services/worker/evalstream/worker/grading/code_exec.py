@@ -19,7 +19,7 @@ from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import defines, extract_code, strip_think
 from evalstream.worker.sandbox import DEFAULT_LIMITS, Limits, SandboxResult, run_program
 
-GRADER_VERSION = GRADER_VERSIONS["code_exec"]  # bump it there: run manifests record it
+GRADER_VERSION = GRADER_VERSIONS["code"]  # bump it there: run manifests record it
 MAX_EXTRACTED = 4000
 MAX_DETAIL = 500
 
@@ -96,3 +96,19 @@ def code_exec(limits: Limits = DEFAULT_LIMITS) -> Grader:
         )
 
     return grade
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate for one task from `n` samples of which `c` passed
+    (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): the chance that
+    at least one of k samples drawn without replacement passes, 1 - C(n-c, k) / C(n, k),
+    computed as a product so that large n does not overflow. A benchmark's pass@k is the
+    mean over its tasks. Raises ValueError unless 0 <= c <= n and 1 <= k <= n."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0  # every draw of k includes a passing sample
+    failing_draws = 1.0
+    for i in range(n - c + 1, n + 1):
+        failing_draws *= 1.0 - k / i
+    return 1.0 - failing_draws

@@ -1,6 +1,7 @@
-"""Multiple choice: which lettered choice (A, B, ...) a response picks.
+"""Multiple choice (the `choice` grader): which lettered choice (A, B, ...) a response picks.
 
-The gold answer is a letter ("B", "(b)"), the text of a choice, or a 0-based index ("1", as
+An item lists its `choices`, or none when they are written into the question itself: its
+letters are then A-E. The gold answer is a letter ("B", "(b)"), the text of a choice, or a 0-based index ("1", as
 in MMLU/HellaSwag exports) when no choice has that text. From the response, in this order:
 a lone letter ("B", "(B)", "b."); the last "answer (is|:) B", else the last "option/choice B";
 a leading "B) ...", "(B) ...", "B. ..."; the text of exactly one choice (all of it, or as a
@@ -19,18 +20,22 @@ from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 from evalstream.worker.grading.exact import contains_word, normalize
 
-GRADER_VERSION = GRADER_VERSIONS["multiple_choice"]  # bump it there: run manifests record it
+GRADER_VERSION = GRADER_VERSIONS["choice"]  # bump it there: run manifests record it
 LETTERS = string.ascii_uppercase
+UNLISTED_LETTERS = "ABCDE"  # an item without `choices` (they are in its question)
 
 _LONE_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\]]?[.:]?")
+
+
+def letters_of(item: Item) -> str:
+    return LETTERS[: len(item.choices)] if item.choices else UNLISTED_LETTERS
 
 
 def gold_letter(item: Item) -> str | None:
     choices = item.choices or []
     gold = (item.answer or "").strip()
     if m := _LONE_LETTER.fullmatch(gold):
-        index = LETTERS.index(m[1].upper())
-        return LETTERS[index] if index < len(choices) else None
+        return m[1].upper() if m[1].upper() in letters_of(item) else None
     by_text = [LETTERS[i] for i, choice in enumerate(choices) if normalize(choice) == normalize(gold)]
     if by_text:
         return by_text[0]
@@ -40,15 +45,17 @@ def gold_letter(item: Item) -> str | None:
 
 
 def problem(item: Item) -> str | None:
-    if not item.choices or len(item.choices) > len(LETTERS):
+    if item.choices is not None and not 1 <= len(item.choices) <= len(LETTERS):
         return f"item {item.id}: multiple choice needs 1..{len(LETTERS)} choices"
     if gold_letter(item) is None:
-        return f"item {item.id}: gold answer {item.answer!r} is none of the {len(item.choices)} choices"
+        choices = f"{len(item.choices)} choices" if item.choices else f"letters {UNLISTED_LETTERS}"
+        return f"item {item.id}: gold answer {item.answer!r} is none of the {choices}"
     return None
 
 
-def extract_letter(text: str, choices: list[str]) -> str | None:
-    letters = LETTERS[: len(choices)]
+def extract_letter(text: str, choices: list[str], letters: str | None = None) -> str | None:
+    """The letter `text` picks among `letters` (default: one per choice)."""
+    letters = letters or LETTERS[: len(choices)]
     if m := _LONE_LETTER.fullmatch(text):
         return m[1].upper() if m[1].upper() in letters else None
     letter = f"([{letters}])(?![\\w'])"  # a capital standing alone: not "As", not "A's"
@@ -70,7 +77,7 @@ def multiple_choice() -> Grader:
     def grade(response: str, item: Item) -> Grade:
         require(problem(item))
         gold = gold_letter(item)
-        extracted = extract_letter(clean_response(response), item.choices or [])
+        extracted = extract_letter(clean_response(response), item.choices or [], letters_of(item))
         if extracted is None:
             return Grade(extracted=None, correct=False, score=0.0, detail="no choice found in the response")
         correct = extracted == gold

@@ -25,9 +25,10 @@ GRADER_VERSION = GRADER_VERSIONS["numeric"]  # bump it there: run manifests reco
 REL_TOL = 1e-6
 ABS_TOL = 1e-9
 
-# A number not glued to a word or to another number ("H2O", "5-3" reads as 5 and 3).
+# A number not glued to a Latin word or to another number ("H2O", "5-3" reads as 5 and 3);
+# glued to CJK text it counts ("答えは123です").
 _NUMBER = re.compile(
-    r"""(?<![\w.])(?P<sign>[-+−])?\$?
+    r"""(?<![A-Za-z0-9_.])(?P<sign>[-+−])?\$?
     (?:(?P<num>\d+)\s*/\s*(?P<den>\d+)                      # 1/2
       |(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<dec>\.\d+)?  # 1,234.50  42
       |(?P<lead>\.\d+))                                     # .5

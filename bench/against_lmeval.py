@@ -1,0 +1,331 @@
+"""2. Against lm-evaluation-harness: the same questions, model files and greedy settings.
+
+lm-eval (its HF backend, `HFLM`) runs in a virtual environment of its own,
+bench/.venv-lmeval, created on first use: a plain venv of the project's interpreter whose
+`.pth` file appends the project's site-packages, so that it uses the project's torch and
+transformers instead of downloading a second torch (the install time and size are
+recorded). Its task (bench/lmeval/evalstream_short_qa.yaml) reads the questions from a
+local JSONL file, generates until end of turn with greedy decoding and `max_gen_toks` equal
+to the pipeline's `--max-tokens`, and scores exact match; prompts go through the same
+grader template and chat template as the pipeline's (the driver checks the first one).
+Model files: the safetensors folder the hf engine caches (MODEL_CACHE_DIR).
+
+lm-eval loads the model once (bench/lmeval/driver.py) and is timed per `simple_evaluate`
+(task set-up, generation, scoring), as the pipeline is timed from submit to the last
+result with a warm worker. First a sweep of batch sizes picks lm-eval's best; then each
+repeat times the pipeline (answer cache emptied) and lm-eval at that batch size.
+Headline: pipeline items/s ÷ lm-eval items/s, median. Goal ≥ 2. When missed, the
+in-process engine is profiled (pyinstrument) and the time split into prefill and decode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common as c  # noqa: E402
+
+NAME = "against_lmeval"
+GOAL = 2.0
+LMEVAL_VERSION = "0.4.13"
+VENV = c.BENCH / ".venv-lmeval"
+TASK_DIR = c.BENCH / "lmeval"
+DATA = TASK_DIR / "short_qa.jsonl"
+
+
+# ----------------------------------------------------------------------------- lm-eval's venv
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += (Path(root) / f).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def ensure_lmeval_venv() -> dict[str, Any]:
+    """bench/.venv-lmeval with lm-eval, reusing the project's torch; created if missing."""
+    py = VENV / "bin" / "python"
+    if py.exists() and subprocess.run([str(py), "-c", "import lm_eval"], capture_output=True).returncode == 0:
+        return {"created": False, "path": str(VENV), "size_bytes": _dir_bytes(VENV)}
+    c.log(f"creating {VENV} with lm-eval {LMEVAL_VERSION} (the project's torch is shared, not reinstalled)")
+    shutil.rmtree(VENV, ignore_errors=True)
+    info = json.loads(
+        subprocess.run(
+            [
+                str(c.PY),
+                "-c",
+                "import sys, sysconfig, json; print(json.dumps([sys.base_prefix, sysconfig.get_paths()['purelib'],"
+                " f'python{sys.version_info[0]}.{sys.version_info[1]}']))",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    base_prefix, project_site, pyver = info
+    t0 = time.monotonic()
+    subprocess.run([f"{base_prefix}/bin/python3", "-m", "venv", str(VENV)], check=True)
+    # Appended after the venv's own site-packages: lm-eval's dependencies win, torch,
+    # transformers and accelerate come from the project (pip sees them as installed).
+    site = VENV / "lib" / pyver / "site-packages"
+    (site / "evalstream-project.pth").write_text(str(c.ROOT / ".venv" / "lib" / pyver / "site-packages") + "\n")
+    assert Path(project_site).resolve() == (c.ROOT / ".venv" / "lib" / pyver / "site-packages").resolve()
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"lm-eval=={LMEVAL_VERSION}"],
+        check=True,
+    )
+    seconds = time.monotonic() - t0
+    torch_bytes = sum(
+        _dir_bytes(p) for p in Path(project_site).iterdir() if p.name == "torch" or p.name.startswith("nvidia")
+    )
+    return {
+        "created": True,
+        "path": str(VENV),
+        "install_s": round(seconds, 1),
+        "size_bytes": _dir_bytes(VENV),
+        "shared_torch_bytes_not_downloaded": torch_bytes,
+    }
+
+
+class LmEval:
+    """The driver process: model loaded once, one simple_evaluate per call."""
+
+    def __init__(self, model_dir: Path, max_gen_toks: int) -> None:
+        self.stderr = (c.stack_dir() / "logs" / "bench-lmeval.log").open("a")
+        self.proc = subprocess.Popen(
+            [
+                str(VENV / "bin" / "python"),
+                str(TASK_DIR / "driver.py"),
+                "--model-dir",
+                str(model_dir),
+                "--max-gen-toks",
+                str(max_gen_toks),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+        )
+        self.ready = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        out: IO[str] | None = self.proc.stdout
+        assert out is not None
+        line = out.readline()
+        if not line:
+            raise RuntimeError(f"the lm-eval driver exited (rc {self.proc.wait()}); see {self.stderr.name}")
+        return dict(json.loads(line))
+
+    def evaluate(self, batch_size: int, limit: int | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"batch_size": batch_size, "limit": limit}) + "\n")
+        self.proc.stdin.flush()
+        res = self._read()
+        res["items_per_s"] = res["items"] / res["seconds"]
+        return res
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.stderr.close()
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+def profile_engine(rows: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """Where an engine batch's time goes: prefill (max_tokens=1) versus decode, and a
+    pyinstrument profile of one full batch written next to the results."""
+    from pyinstrument import Profiler
+
+    engine = c.load_engine()
+    full = c.prepare(engine, rows, max_tokens)
+    one = c.prepare(engine, rows, 1)
+    plan = c.default_plan(full)
+    engine.generate(full.requests[:2])  # warm-up
+    t_full = c.run_engine(engine, full, plan)
+    t_prefill = c.run_engine(engine, one, plan)
+    profiler = Profiler(interval=0.005)
+    profiler.start()
+    c.run_engine(engine, full, plan[:1])
+    profiler.stop()
+    text = profiler.output_text(unicode=False, color=False, show_all=False)
+    c.RESULTS.mkdir(parents=True, exist_ok=True)
+    (c.RESULTS / f"{NAME}.profile.txt").write_text(text)
+    tok = engine.tokenizer
+    system_only = tok.apply_chat_template(
+        [{"role": "user", "content": ""}], tokenize=False, add_generation_prompt=True
+    )
+    shared = len(tok(system_only, add_special_tokens=False)["input_ids"])
+    mean_prompt = sum(full.prompt_tokens) / len(full.prompt_tokens)
+    return {
+        "items": len(rows),
+        "plan": [len(b) for b in plan],
+        "full_s": round(t_full.seconds, 3),
+        "prefill_only_s": round(t_prefill.seconds, 3),
+        "prefill_share": round(t_prefill.seconds / t_full.seconds, 3),
+        "mean_prompt_tokens": round(mean_prompt, 1),
+        "mean_completion_tokens": round(t_full.completion_tokens / len(rows), 1),
+        "template_tokens_shared_by_every_prompt": shared,
+        "pyinstrument_report": str(c.RESULTS / f"{NAME}.profile.txt"),
+        "top_frames": _top_frames(text),
+    }
+
+
+def _top_frames(report: str, limit: int = 14) -> list[str]:
+    """The first lines of a pyinstrument text report (the heaviest call path)."""
+    lines = [ln.rstrip() for ln in report.splitlines() if ln.strip() and not ln.lstrip().startswith(("_ ", "Recorded", "Samples", "Duration", "CPU", "Program"))]
+    return lines[:limit]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    args = c.arg_parser(__doc__).parse_args()
+    started = time.monotonic()
+    c.use_bench_stack()
+    c.ensure_up()
+    n, max_tokens = 128, 32
+    sweep, repeats, limit = ([8, 32, 128], 3, None) if not args.quick else ([4, 16], 1, 16)
+    rows = c.arithmetic_rows(n, seed=2)
+    c.write_jsonl(DATA, rows)
+    used = rows[: limit or n]
+
+    venv = ensure_lmeval_venv()
+    from evalstream.common.settings import Settings
+    from evalstream.worker.engines import bundled_model_path
+    from evalstream.worker.engines.hf import ensure_safetensors_cache, file_sha256
+
+    gguf = bundled_model_path("smollm2-135m-instruct")
+    model_dir = ensure_safetensors_cache(gguf, Path(Settings.from_env().resolved_model_cache_dir), file_sha256(gguf))
+    c.log(f"lm-eval venv {venv}; model files {model_dir}")
+
+    lm = LmEval(model_dir, max_tokens)
+    try:
+        c.log(f"lm-eval ready: {lm.ready}")
+        sweep_out = []
+        for bs in sweep:
+            res = lm.evaluate(bs, limit)
+            c.log(f"lm-eval batch {bs}: {res['items_per_s']:.3f} items/s ({res['seconds']:.1f} s, generate {res['generate_s']:.1f} s)")
+            sweep_out.append(res)
+        best = max(sweep_out, key=lambda r: r["items_per_s"])["batch_size"]
+        gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
+        reps: list[dict[str, Any]] = []
+        for r in range(repeats):
+            c.clear_answer_cache()
+
+            def pipe() -> c.PipelineRun:
+                return c.run_pipeline(used, *gen, name=f"bench-lmeval-{r}")
+
+            if r % 2 == 0:
+                p = pipe()
+                le = lm.evaluate(best, limit)
+            else:
+                le = lm.evaluate(best, limit)
+                p = pipe()
+            stored = c.responses(p.run_id)
+            same = sum(1 for k, v in le["responses"].items() if stored.get(k, "").strip() == str(v).strip())
+            ratio = p.items_per_s / le["items_per_s"]
+            c.log(f"repeat {r}: pipeline {p.items_per_s:.3f} items/s, lm-eval(bs {best}) {le['items_per_s']:.3f} -> {ratio:.3f}")
+            reps.append(
+                {
+                    "pipeline": p.as_dict(),
+                    "lmeval": {k: v for k, v in le.items() if k != "responses"},
+                    "same_answers": round(same / max(1, len(le["responses"])), 3),
+                    "ratio": round(ratio, 4),
+                    "ratio_vs_generate_only": round(p.items_per_s / (le["items"] / le["generate_s"]), 4),
+                    "ratio_vs_cold_cli": round(
+                        p.items_per_s
+                        / (le["items"] / (le["seconds"] + lm.ready["import_s"] + lm.ready["load_s"])),
+                        4,
+                    ),
+                }
+            )
+    finally:
+        lm.close()
+
+    # The pipeline's prompt must be lm-eval's: compare the first rendered prompt.
+    engine_prompt = None
+    first_prompt = sweep_out[0].get("first_prompt")
+    ratio_s = c.summarize([x["ratio"] for x in reps])
+    med = ratio_s["median"]
+    profile = None
+    if med is not None and med < GOAL:
+        c.log("goal missed: profiling the engine in-process")
+        profile = profile_engine(used[:32], max_tokens)
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        q = next(r for r in used if first_prompt and r["question"] in first_prompt) if first_prompt else used[0]
+        engine_prompt = tok.apply_chat_template(
+            [{"role": "user", "content": f"{q['question']}\n\nAnswer in a few words."}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    except StopIteration:
+        pass
+    note = f"{len(used)} questions, max_gen_toks {max_tokens}, lm-eval {lm.ready.get('lm_eval')} HF backend, best batch {best}"
+    if profile:
+        note += (
+            f"; engine-bound: prefill {profile['prefill_share']:.0%} of a batch, "
+            f"{profile['template_tokens_shared_by_every_prompt']}/{profile['mean_prompt_tokens']:.0f} prompt tokens are the shared chat-template prefix"
+        )
+    c.write_result(
+        NAME,
+        {
+            "params": {
+                "questions": len(used),
+                "max_tokens": max_tokens,
+                "sweep": sweep,
+                "repeats": repeats,
+                "model_dir": str(model_dir),
+                "lmeval_version": lm.ready.get("lm_eval"),
+            },
+            "lmeval_venv": venv,
+            "lmeval_start": {k: v for k, v in lm.ready.items() if k != "ready"},
+            "prompts_identical": engine_prompt is not None and engine_prompt == first_prompt,
+            "first_prompt": first_prompt,
+            "sweep": [{k: v for k, v in s.items() if k not in ("responses", "first_prompt")} for s in sweep_out],
+            "best_batch_size": best,
+            "repeats": reps,
+            "ratio": ratio_s,
+            "ratio_vs_generate_only": c.summarize([x["ratio_vs_generate_only"] for x in reps]),
+            "ratio_vs_cold_cli": c.summarize([x["ratio_vs_cold_cli"] for x in reps]),
+            "profile": profile,
+            "goals": [
+                c.goal_row(
+                    "2",
+                    "vs lm-evaluation-harness (pipeline ÷ lm-eval at its best batch, items/s)",
+                    f"≥ {GOAL:.0f}×",
+                    f"{c.fmt_num(med)}× (median of {ratio_s['n']}; {c.fmt_num(ratio_s['min'])}–{c.fmt_num(ratio_s['max'])})",
+                    med is not None and med >= GOAL,
+                    note,
+                )
+            ],
+        },
+        started=started,
+        quick=args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()

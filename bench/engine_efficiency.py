@@ -1,0 +1,122 @@
+"""1. Engine efficiency: the pipeline end to end versus the same engine called directly.
+
+Pipeline: `evalctl submit` (in-process) -> producer -> router -> worker -> aggregator, clock
+stopped when every result is in PostgreSQL, on the default model (hf:smollm2-135m-instruct),
+answer cache emptied first. Direct: the same HFEngine (same cached safetensors, same torch
+threads) in this process, on the same questions rendered the same way, same generation
+settings, cut by the worker's batching plan (plan_batches with BATCH_TOKEN_BUDGET and
+BATCH_MAX_ITEMS). Headline: pipeline items/s ÷ direct items/s, per repeat (the two arms
+alternate which goes first), median. Goal ≥ 0.90.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common as c  # noqa: E402
+
+NAME = "engine_efficiency"
+GOAL = 0.90
+
+
+def main() -> None:
+    args = c.arg_parser(__doc__).parse_args()
+    started = time.monotonic()
+    c.use_bench_stack()
+    c.ensure_up()
+    n, repeats, max_tokens = (16, 1, 16) if args.quick else (64, 3, 32)
+    rows = c.arithmetic_rows(n, seed=1)
+    gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
+
+    c.log("loading the engine in-process")
+    engine = c.load_engine()
+    prepared = c.prepare(engine, rows, max_tokens)
+    plan = c.default_plan(prepared)
+    engine.generate(prepared.requests[:2])  # warm-up (first-call allocations), untimed
+    c.log(f"{n} items, max_tokens {max_tokens}, direct plan {[len(b) for b in plan]}")
+
+    repeats_out: list[dict[str, Any]] = []
+    for r in range(repeats):
+        c.clear_answer_cache()
+
+        def direct() -> c.EngineRun:
+            return c.run_engine(engine, prepared, plan)
+
+        def pipeline() -> tuple[c.PipelineRun, dict[str, float]]:
+            before = c.engine_calls()
+            run = c.run_pipeline(rows, *gen, name=f"bench-engine-{r}")
+            return run, c.delta(c.engine_calls(), before)
+
+        if r % 2 == 0:
+            d = direct()
+            p, calls = pipeline()
+        else:
+            p, calls = pipeline()
+            d = direct()
+        same = c.same_answers(prepared, d.outputs, c.responses(p.run_id))
+        ratio = p.items_per_s / d.items_per_s
+        busy = calls["engine_busy_s"] / p.elapsed_s if p.elapsed_s else 0.0
+        c.log(
+            f"repeat {r}: pipeline {p.items_per_s:.3f} items/s ({p.elapsed_s:.1f} s, {calls['batches']:.0f} batches, "
+            f"engine busy {busy:.0%}), direct {d.items_per_s:.3f} items/s ({d.seconds:.1f} s) -> ratio {ratio:.3f}"
+        )
+        if p.cache_hits or p.failed:
+            c.log(f"warning: {p.cache_hits} cache hits, {p.failed} failures in {p.run_id}")
+        repeats_out.append(
+            {
+                "pipeline": p.as_dict(),
+                "pipeline_engine": calls,
+                "pipeline_engine_busy_ratio": round(busy, 3),
+                "direct": {
+                    "items": d.items,
+                    "seconds": round(d.seconds, 3),
+                    "items_per_s": round(d.items_per_s, 3),
+                    "batches": [len(b) for b in d.batches],
+                    "completion_tokens": d.completion_tokens,
+                },
+                "same_answers": round(same, 3),
+                "ratio": round(ratio, 4),
+            }
+        )
+    ratio_s = c.summarize([x["ratio"] for x in repeats_out])
+    med = ratio_s["median"]
+    c.write_result(
+        NAME,
+        {
+            "params": {
+                "items": n,
+                "repeats": repeats,
+                "max_tokens": max_tokens,
+                "grader": "exact",
+                "model": c.DEFAULT_MODEL,
+                "device": engine.device,
+                "direct_plan": [len(b) for b in plan],
+            },
+            "repeats": repeats_out,
+            "ratio": ratio_s,
+            "pipeline_items_per_s": c.summarize([x["pipeline"]["items_per_s"] for x in repeats_out]),
+            "direct_items_per_s": c.summarize([x["direct"]["items_per_s"] for x in repeats_out]),
+            "goals": [
+                c.goal_row(
+                    "1",
+                    "engine efficiency (pipeline ÷ direct engine, items/s)",
+                    f"≥ {GOAL:.2f}",
+                    f"{c.fmt_num(med)} (median of {ratio_s['n']}; {c.fmt_num(ratio_s['min'])}–{c.fmt_num(ratio_s['max'])})",
+                    med is not None and med >= GOAL,
+                    f"{n} items, max_tokens {max_tokens}, default model on CPU; "
+                    f"pipeline {c.fmt_num(c.summarize([x['pipeline']['items_per_s'] for x in repeats_out])['median'])} items/s",
+                )
+            ],
+        },
+        started=started,
+        quick=args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Regular expressions (Python `re` syntax), searched in the cleaned response.
+
+The pattern is the item's `meta.regex`, else the job's (`regex:<pattern>`), else the gold
+answer itself (answer patterns, as TREC QA sets ship them). Then:
+
+* a pattern with a capturing group *extracts* the answer: the first group of its last match,
+  which must equal the gold answer after the normalisation `exact` uses (a job's
+  `regex:Answer:\\s*(\\w+)` over items with gold answers);
+* a pattern without groups, or the gold answer used as the pattern, must simply be found.
+
+Matching is case-sensitive unless the pattern says otherwise ("(?i)"); anchor with ^ and $
+(multiline is not set: they match the ends of the whole response).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from evalstream.common.messages import Item
+from evalstream.common.versions import GRADER_VERSIONS
+from evalstream.worker.grading.base import Grade, Grader, require
+from evalstream.worker.grading.clean import clean_response
+from evalstream.worker.grading.exact import normalize
+
+GRADER_VERSION = GRADER_VERSIONS["regex"]  # bump it there: run manifests record it
+
+_compile = lru_cache(maxsize=1024)(re.compile)
+
+
+def pattern_for(item: Item, default: str | None) -> tuple[str | None, bool]:
+    """(the pattern, whether it is the gold answer itself)."""
+    meta = item.meta or {}
+    given = meta.get("regex") if isinstance(meta.get("regex"), str) else None
+    pattern = given or default
+    return (pattern, False) if pattern else (item.answer, True)
+
+
+def problem(item: Item, default: str | None = None) -> str | None:
+    pattern, is_gold = pattern_for(item, default)
+    if not pattern:
+        return f"item {item.id}: no pattern (meta.regex, regex:<pattern> or a gold answer)"
+    try:
+        compiled = _compile(pattern)
+    except re.error as exc:
+        return f"item {item.id}: bad pattern {pattern!r}: {exc}"
+    if compiled.groups and not is_gold and item.answer is None:
+        return f"item {item.id}: pattern {pattern!r} extracts an answer, but the item has no gold answer"
+    return None
+
+
+def regex(default: str | None = None) -> Grader:
+    def grade(response: str, item: Item) -> Grade:
+        require(problem(item, default))
+        pattern, is_gold = pattern_for(item, default)
+        assert pattern is not None  # checked by problem()
+        compiled = _compile(pattern)
+        matches = list(compiled.finditer(clean_response(response)))
+        if not matches:
+            return Grade(extracted=None, correct=False, score=0.0, detail=f"no match for {pattern!r}")
+        if is_gold or not compiled.groups:
+            return Grade(extracted=matches[0][0], correct=True, score=1.0)
+        extracted = matches[-1][1] or ""
+        correct = normalize(extracted) == normalize(item.answer or "")
+        detail = None if correct else f"expected {item.answer!r}"
+        return Grade(extracted=extracted, correct=correct, score=float(correct), detail=detail)
+
+    return grade

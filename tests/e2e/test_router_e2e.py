@@ -1,0 +1,362 @@
+"""The router on the real broker: back-pressure, SLA fallback, and a whole group killed mid-run.
+
+Each test runs a router process of its own on a private input topic (ROUTER_SHARDS_TOPIC)
+limited to its own worker groups (ROUTER_GROUPS), so the stack's router never sees these
+shards. The groups serve a `replay:` model unique to the test, so no other router sends them
+anybody else's shards either. Runs are created by the producer's own intake code (manifest,
+database row, dataset in S3) with the shards published to the private topic; the stack's
+aggregator records the results and completes the run as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from evalstream.common import db, storage, topics
+from evalstream.common.bootstrap import ensure_topics
+from evalstream.common.lag import group_lag
+from evalstream.common.messages import GenerationParams, Heartbeat, Item, JobSpec, Shard, decode, encode
+from evalstream.common.settings import Settings
+from evalstream.producer.intake import Intake
+from tests.e2e.helpers import arithmetic_items, result_rows, run_status, write_jsonl
+from tests.support import read_topic_since, topic_end_offsets, unique, wait_until
+
+pytestmark = pytest.mark.stack
+
+
+# --------------------------------------------------------------------------- helpers
+# (bench/router_lag.py uses them too)
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int = 3) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if name not in await admin.list_topics():
+            await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+def replay_answers(path: Path, items: list[dict[str, Any]]) -> str:
+    """A replay model answering every item right; its SPEC is unique to `path`."""
+    write_jsonl(path, [{"id": it["id"], "response": f"The answer is {it['answer']}."} for it in items])
+    return f"replay:{path}"
+
+
+def router_env(shards_topic: str, groups: list[str], **overrides: str) -> dict[str, str]:
+    return {
+        "ROUTER_SHARDS_TOPIC": shards_topic,
+        "ROUTER_RETRY_TOPIC": "none",
+        "ROUTER_GROUPS": ",".join(groups),
+        "ROUTER_LAG_INTERVAL_S": "0.5",
+        **overrides,
+    }
+
+
+async def submit_private(settings: Settings, shards_topic: str, job: JobSpec) -> str:
+    """Creates a run exactly as the producer does, publishing its shards to `shards_topic`."""
+    assert job.run_id
+    pool = await db.create_pool(settings.database_url, max_size=2)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+
+        async def publish(payload: bytes, key: str) -> None:
+            await producer.send_and_wait(shards_topic, payload, key=key.encode())
+
+        status = await Intake(settings, pool, storage.client(settings)).handle(job, job.run_id, publish)
+        assert status == "running", status
+        return job.run_id
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def publish_heartbeats(bootstrap: str, beats: list[Heartbeat | tuple[str, None]]) -> None:
+    """Heartbeats (a `(worker_id, None)` pair is a tombstone: routers forget that worker)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for hb in beats:
+            if isinstance(hb, Heartbeat):
+                await producer.send_and_wait(topics.HEARTBEATS, encode(hb), key=hb.worker_id.encode())
+            else:
+                await producer.send_and_wait(topics.HEARTBEATS, None, key=hb[0].encode())
+    finally:
+        await producer.stop()
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert found, f"{name} not exported"
+    return float(found.group(1))
+
+
+async def wait_completed(pg: asyncpg.Connection, run_id: str, timeout: float) -> None:
+    async def completed() -> bool:
+        return await run_status(pg, run_id) == "completed"
+
+    await wait_until(completed, timeout, interval=0.5, what=f"run {run_id} to complete")
+
+
+# --------------------------------------------------------------------------- fake groups
+
+
+class FakeGroup:
+    """Heartbeats for a group with no worker behind it: its queue only grows, unless the
+    test consumes it. Forgotten (tombstoned) at the end."""
+
+    def __init__(self, bootstrap: str, name: str, model: str, p95_ms: float = 100.0) -> None:
+        self.bootstrap, self.name, self.model, self.p95_ms = bootstrap, name, model, p95_ms
+        self.task: asyncio.Task[None] | None = None
+
+    async def _beat(self) -> None:
+        while True:
+            hb = Heartbeat(
+                worker_id=f"{self.name}-0",
+                group=self.name,
+                model=self.model,
+                ts=time.time(),
+                device="cpu",
+                latency_p95_ms=self.p95_ms,
+            )
+            await publish_heartbeats(self.bootstrap, [hb])
+            await asyncio.sleep(1.0)
+
+    async def __aenter__(self) -> FakeGroup:
+        await ensure_topics(self.bootstrap, [self.name])
+        self.task = asyncio.create_task(self._beat())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.task
+        self.task.cancel()
+        await publish_heartbeats(self.bootstrap, [(f"{self.name}-0", None)])
+
+
+def shards_for(run_id: str, model: str, n: int, opt_in: bool = False) -> list[Shard]:
+    return [
+        Shard(
+            run_id=run_id,
+            shard_id=f"{run_id}-{i}",
+            shard_index=i,
+            shard_count=n,
+            model=model,
+            grader="auto",
+            generation=GenerationParams(),
+            items=[Item(id=f"{i}", question="1+1?", answer="2")],
+            sla_fallback=opt_in,
+        )
+        for i in range(n)
+    ]
+
+
+async def publish_shards(bootstrap: str, topic: str, shards: list[Shard]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for s in shards:
+            await producer.send_and_wait(topic, encode(s), key=s.run_id.encode())
+    finally:
+        await producer.stop()
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_router_stops_taking_shards_while_every_group_is_saturated(
+    stack: Settings, spawn: Any, tmp_path: Path
+) -> None:
+    bootstrap = stack.kafka_bootstrap
+    group, inbox = unique("bp"), unique("eval.shards.bp")
+    await create_topic(bootstrap, inbox)
+    model = f"replay:{tmp_path / 'bp.jsonl'}"  # never loaded: nobody serves it for real
+    async with FakeGroup(bootstrap, group, model):
+        router, port = spawn("evalstream.router", **router_env(inbox, [group], ROUTER_MAX_LAG="3"))
+        await asyncio.to_thread(router.wait_healthy, port)
+        run_id = unique("run-bp")
+        await publish_shards(bootstrap, inbox, shards_for(run_id, model, 30))
+        work = topics.work_topic(group)
+
+        async def routed() -> int:
+            return sum((await topic_end_offsets(bootstrap, work)).values())
+
+        await wait_until(lambda: _at_least(routed, 3), 30, what="the first shards to be routed")
+        await asyncio.sleep(3)  # several lag reads later: still exactly the bound, nothing more
+        assert await routed() == 3
+        assert metric(port, "evalstream_router_backpressure_waiting") == 1.0
+        # the backlog stays in Kafka: the router committed the 3 it routed, holds one
+        router_group = f"{topics.ROUTER_GROUP}.{inbox}"
+        assert sum((await group_lag(bootstrap, router_group, inbox)).values()) == 27
+
+        # Drain as a worker would (commit one shard at a time): the router follows, never
+        # letting more than 3 wait on the group.
+        consumer = AIOKafkaConsumer(
+            work,
+            bootstrap_servers=bootstrap,
+            group_id=topics.worker_consumer_group(group),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        done, peak = 0, 0
+        try:
+            deadline = time.monotonic() + 60
+            while done < 30 and time.monotonic() < deadline:
+                record = await asyncio.wait_for(consumer.getone(), 20)
+                assert decode(record.value or b"", Shard).routed_to == group
+                peak = max(peak, await routed() - done)  # routed, not yet committed
+                await consumer.commit()
+                done += 1
+                await asyncio.sleep(0.15)
+        finally:
+            await consumer.stop()
+        assert done == 30 and peak <= 3
+        await wait_until(lambda: _equals(metric_async(port), 0.0), 10, what="back-pressure to lift")
+
+
+async def _at_least(f: Any, n: int) -> bool:
+    return bool(await f() >= n)
+
+
+async def _equals(value: Any, expected: float) -> bool:
+    return bool(await value == expected)
+
+
+async def metric_async(port: int) -> float:
+    return await asyncio.to_thread(metric, port, "evalstream_router_backpressure_waiting")
+
+
+async def test_sla_fallback_sends_opted_in_runs_to_the_lighter_group_only(
+    stack: Settings, spawn: Any, tmp_path: Path
+) -> None:
+    bootstrap = stack.kafka_bootstrap
+    big_group, small_group, inbox = unique("big"), unique("small"), unique("eval.shards.sla")
+    await create_topic(bootstrap, inbox)
+    big, small = f"replay:{tmp_path / 'big.jsonl'}", f"replay:{tmp_path / 'small.jsonl'}"
+    async with (
+        FakeGroup(bootstrap, big_group, big, p95_ms=60_000),  # every heartbeat violates the SLA
+        FakeGroup(bootstrap, small_group, small, p95_ms=100),
+    ):
+        env = router_env(
+            inbox,
+            [big_group, small_group],
+            ROUTER_FALLBACK=f"{big}={small}",
+            ROUTER_SLA_P95_MS="1000",
+            ROUTER_SLA_TIERS="0.5",
+        )
+        router, port = spawn("evalstream.router", **env)
+        await asyncio.to_thread(router.wait_healthy, port)
+        before = {
+            g: await topic_end_offsets(bootstrap, topics.work_topic(g)) for g in (big_group, small_group)
+        }
+        opted, plain = unique("run-opt"), unique("run-plain")
+        await publish_shards(
+            bootstrap, inbox, shards_for(opted, big, 4, opt_in=True) + shards_for(plain, big, 4)
+        )
+
+        async def landed() -> dict[str, list[Shard]]:
+            out = {}
+            for g in (big_group, small_group):
+                recs = await read_topic_since(bootstrap, topics.work_topic(g), before[g])
+                out[g] = [decode(v, Shard) for _, v, _ in recs]
+            return out if sum(map(len, out.values())) >= 8 else {}
+
+        got = await wait_until(landed, 30, what="the 8 shards to be routed")
+        assert {s.run_id for s in got[small_group]} == {opted} and len(got[small_group]) == 4
+        assert {s.run_id for s in got[big_group]} == {plain} and len(got[big_group]) == 4
+        assert all(s.served_model == small and s.model == big for s in got[small_group])
+        assert all(s.served_model is None for s in got[big_group])
+
+
+async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
+    stack: Settings, spawn: Any, pg: asyncpg.Connection, tmp_path: Path
+) -> None:
+    bootstrap = stack.kafka_bootstrap
+    doomed, survivor, inbox = unique("doomed"), unique("survivor"), unique("eval.shards.kill")
+    await ensure_topics(bootstrap, [doomed, survivor])
+    await create_topic(bootstrap, inbox)
+    items = arithmetic_items(600, prefix="k")
+    model = replay_answers(tmp_path / "answers.jsonl", items)
+    timeout_s = 3.0
+    worker_env = {
+        "WORKER_MODEL": model,
+        "ENGINE_DELAY_MS": "40",
+        "WORKER_MAX_SHARDS": "2",
+        "HEARTBEAT_INTERVAL_S": "1",
+    }
+    workers = {
+        f"{g}-{i}": spawn("evalstream.worker", WORKER_GROUP=g, WORKER_ID=f"{g}-{i}", **worker_env)
+        for g, n in ((doomed, 2), (survivor, 1))
+        for i in range(n)
+    }
+    env = router_env(
+        inbox,
+        [doomed, survivor],
+        ROUTER_MAX_LAG="3",
+        ROUTER_HEARTBEAT_TIMEOUT_S=str(timeout_s),
+        ROUTER_REROUTE_AFTER_S="1",
+    )
+    router, port = spawn("evalstream.router", **env)
+    for proc, p in [*workers.values(), (router, port)]:
+        await asyncio.to_thread(proc.wait_healthy, p)
+    starts = {g: await topic_end_offsets(bootstrap, topics.work_topic(g)) for g in (doomed, survivor)}
+    try:
+        run_id = unique("run-kill")
+        job = JobSpec(
+            dataset=str(write_jsonl(tmp_path / "items.jsonl", items)),
+            model=model,
+            run_id=run_id,
+            shard_size=10,
+            generation=GenerationParams(max_tokens=16),
+        )
+        await submit_private(stack, inbox, job)
+        cgroup, work = topics.worker_consumer_group(doomed), topics.work_topic(doomed)
+
+        async def doomed_has_a_backlog() -> bool:
+            done = await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id)
+            return done >= 60 and sum((await group_lag(bootstrap, cgroup, work)).values()) > 0
+
+        await wait_until(doomed_has_a_backlog, 60, interval=0.2, what="the doomed group to be busy")
+        for name in (f"{doomed}-0", f"{doomed}-1"):
+            workers[name][0].signal(9)
+        killed_at = time.time()
+
+        # No new shard goes to the dead group once its heartbeats are older than the timeout.
+        await asyncio.sleep(max(0.0, killed_at + timeout_s + 1.5 - time.time()))
+        doomed_end = await topic_end_offsets(bootstrap, topics.work_topic(doomed))
+
+        await wait_completed(pg, run_id, 180)
+        rows = await result_rows(pg, run_id)
+        assert len(rows) == 600 and {r["item_id"] for r in rows} == {it["id"] for it in items}
+        assert all(r["error"] is None and r["correct"] for r in rows)
+        assert await topic_end_offsets(bootstrap, topics.work_topic(doomed)) == doomed_end
+
+        # What the dead group had not finished was moved to the survivor and done there.
+        sent = {
+            g: {
+                decode(v, Shard).shard_id
+                for _, v, _ in await read_topic_since(bootstrap, topics.work_topic(g), starts[g])
+                if run_id.encode() in v
+            }
+            for g in (doomed, survivor)
+        }
+        assert sent[doomed] & sent[survivor], "the dead group's pending shards were not re-routed"
+        assert len(sent[doomed] | sent[survivor]) == 60  # every shard of the run was routed
+        served = {r["served_by"] for r in rows}
+        assert served == {f"{survivor}/{model}", f"{doomed}/{model}"}
+    finally:
+        await publish_heartbeats(bootstrap, [(f"{doomed}-{i}", None) for i in range(2)])
