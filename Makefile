@@ -56,8 +56,11 @@ test-faults: venv
 down-faults:
 	@env $(FAULTS_ENV) python3 ops/local/stack.py down
 
-bench: up
-	@$(PY) bench/run_all.py
+# Benchmarks get a stack of their own (ports +4000, data in .stack-bench/): the development
+# and fault stacks are never touched. Results in bench/results/, the table in README.md.
+bench: venv
+	@env EVALSTREAM_PORT_OFFSET=4000 EVALSTREAM_STACK=$(CURDIR)/.stack-bench $(PY) ops/local/stack.py up --workers 1
+	@env EVALSTREAM_PORT_OFFSET=4000 EVALSTREAM_STACK=$(CURDIR)/.stack-bench $(PY) bench/run_all.py
 
 lint: venv
 	@.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

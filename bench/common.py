@@ -223,7 +223,10 @@ def render_table(rows: Sequence[Mapping[str, Any]]) -> str:
     out = ["| # | benchmark | goal | measured | met | note |", "|---|---|---|---|---|---|"]
     for r in rows:
         met = {True: "yes", False: "**no**", None: "–"}[r.get("met")]
-        cells = [str(r.get(k, "")).replace("|", "\\|").replace("\n", " ") for k in ("id", "benchmark", "goal", "measured")]
+        cells = [
+            str(r.get(k, "")).replace("|", "\\|").replace("\n", " ")
+            for k in ("id", "benchmark", "goal", "measured")
+        ]
         note = str(r.get("note", "")).replace("|", "\\|").replace("\n", " ")
         out.append(f"| {' | '.join(cells)} | {met} | {note} |")
     return "\n".join(out)
@@ -334,7 +337,10 @@ def use_bench_stack() -> dict[str, str]:
         os.environ["EVALSTREAM_STACK"] = str(ROOT / ".stack-bench")
     offset = int(os.environ["EVALSTREAM_PORT_OFFSET"])
     stack = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack-bench")).resolve()
-    if offset in FORBIDDEN_OFFSETS or stack in {(ROOT / ".stack").resolve(), (ROOT / ".stack-faults").resolve()}:
+    if offset in FORBIDDEN_OFFSETS or stack in {
+        (ROOT / ".stack").resolve(),
+        (ROOT / ".stack-faults").resolve(),
+    }:
         raise SystemExit(
             f"bench: refusing to run on the stack at offset {offset} ({stack}); benchmarks use their own "
             "(EVALSTREAM_PORT_OFFSET=4000 EVALSTREAM_STACK=.stack-bench)"
@@ -375,7 +381,9 @@ def stack(*args: str, env: Mapping[str, str] | None = None, quiet: bool = True) 
         text=True,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"stack.py {' '.join(args)} failed:\n{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}")
+        raise RuntimeError(
+            f"stack.py {' '.join(args)} failed:\n{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}"
+        )
 
 
 # What the bench stack's worker serves unless a benchmark says otherwise (the default).
@@ -387,24 +395,34 @@ def ensure_up(worker_env: Mapping[str, str] | None = None, workers: int = 1) -> 
     a worker left with other settings by an earlier benchmark is restarted with the
     defaults."""
     want = dict(worker_env or {})
-    marker = stack_dir() / "run" / "bench-worker-env.json"
-    current = json.loads(marker.read_text()) if marker.exists() else {}
-    if current != want:
+    if worker_env_now() != want:
         for i in range(workers):
             stack("stop", f"worker-{i}")
     stack("up", "--workers", str(workers), env=want)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(want))
+    set_worker_env(want)
+
+
+def _worker_marker() -> Path:
+    return stack_dir() / "run" / "bench-worker-env.json"
+
+
+def worker_env_now() -> dict[str, str]:
+    """The settings a benchmark last started the worker with ({}: the defaults)."""
+    marker = _worker_marker()
+    return dict(json.loads(marker.read_text())) if marker.exists() else {}
+
+
+def set_worker_env(env: Mapping[str, str]) -> None:
+    _worker_marker().parent.mkdir(parents=True, exist_ok=True)
+    _worker_marker().write_text(json.dumps(dict(env)))
 
 
 def restart(names: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     """Stops the named services and brings the stack up again (resets their peak RSS).
     `env` applies to what is restarted; the worker keeps the settings ensure_up gave it."""
-    marker = stack_dir() / "run" / "bench-worker-env.json"
-    worker_env = json.loads(marker.read_text()) if marker.exists() else {}
     for name in names:
         stack("stop", name)
-    stack("up", env={**worker_env, **(env or {})})
+    stack("up", env={**worker_env_now(), **(env or {})})
 
 
 def service_port(name: str) -> int:
@@ -440,7 +458,11 @@ def wait_http(url: str, timeout: float) -> float:
 
 def pid_of(name: str) -> int | None:
     """The pid of a stack process from its pid file (PostgreSQL: its postmaster.pid)."""
-    path = stack_dir() / "postgres" / "postmaster.pid" if name == "postgres" else stack_dir() / "run" / f"{name}.pid"
+    path = (
+        stack_dir() / "postgres" / "postmaster.pid"
+        if name == "postgres"
+        else stack_dir() / "run" / f"{name}.pid"
+    )
     try:
         pid = int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -539,7 +561,12 @@ def arithmetic_rows(n: int, seed: int, prefix: str = "q") -> list[dict[str, Any]
         op = ("+", "-", "*")[i % 3]
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         rows.append(
-            {"id": f"{prefix}{i:05d}", "question": f"What is {a} {op} {b}?", "answer": str(answer), "category": op}
+            {
+                "id": f"{prefix}{i:05d}",
+                "question": f"What is {a} {op} {b}?",
+                "answer": str(answer),
+                "category": op,
+            }
         )
     return rows
 
@@ -602,7 +629,7 @@ def submit(dataset: Path, *extra: str) -> str:
     return run_id
 
 
-async def _wait_results(run_id: str, total: int, timeout: float, poll_s: float) -> tuple[float, int, int]:
+async def wait_results(run_id: str, total: int, timeout: float, poll_s: float) -> tuple[float, int, int]:
     import asyncpg
 
     conn = await asyncpg.connect(os.environ["DATABASE_URL"])
@@ -649,7 +676,7 @@ def run_pipeline(
     t0 = time.time()
     run_id = submit(path, "--name", name, *extra)
     submitted = time.time()
-    done, failed, hits = asyncio.run(_wait_results(run_id, total, timeout, poll_s))
+    done, failed, hits = asyncio.run(wait_results(run_id, total, timeout, poll_s))
     if not isinstance(rows, Path):
         path.unlink(missing_ok=True)
     return PipelineRun(run_id, total, submitted - t0, done - t0, failed, hits)
@@ -674,10 +701,15 @@ class Prepared:
 
 
 def prepare(
-    engine: Any, rows: Sequence[Mapping[str, Any]], max_tokens: int | Sequence[int], grader: str = "exact"
+    engine: Any,
+    rows: Sequence[Mapping[str, Any]],
+    max_tokens: int | Sequence[int],
+    grader: str = "exact",
+    prompt_template: str | None = None,
 ) -> Prepared:
-    """GenRequests for `rows` rendered as a worker renders them for a job with `grader`
-    (the grader's default template, the model's chat template) and their prompt lengths."""
+    """GenRequests for `rows` rendered as a worker renders them for a job with `grader` and
+    `prompt_template` (None: the grader's default; the model's chat template around it),
+    and their prompt lengths in tokens."""
     from evalstream.common.messages import GenerationParams, Item, Shard
     from evalstream.worker.engines.base import GenRequest
     from evalstream.worker.grading import resolve_grader
@@ -694,12 +726,15 @@ def prepare(
         grader=grader,
         generation=GenerationParams(max_tokens=per_item[0] if per_item else 1),
         items=items,
+        prompt_template=prompt_template,
     )
     requests, lengths = [], []
     for item, mt in zip(items, per_item, strict=True):
         messages = build_messages(shard, item, resolve_grader(grader, item))
         lengths.append(engine.count_tokens(engine.render_prompt(messages)))
-        requests.append(GenRequest(item_id=item.id, messages=messages, params=GenerationParams(max_tokens=mt)))
+        requests.append(
+            GenRequest(item_id=item.id, messages=messages, params=GenerationParams(max_tokens=mt))
+        )
     return Prepared(requests, lengths, per_item)
 
 
@@ -805,3 +840,72 @@ def same_answers(prepared: Prepared, outputs: Sequence[Any], stored: Mapping[str
         if getattr(out, "text", None) is not None and stored.get(req.item_id) == out.text
     )
     return same / len(prepared.requests) if prepared.requests else 0.0
+
+
+# =========================================================================== services under a profiler
+
+
+def service_env(name: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment ops/local/stack.py gives a service."""
+    env = {**os.environ, "HTTP_PORT": str(service_port(name)), "PYTHONUNBUFFERED": "1", **client_env()}
+    if name.startswith("worker-"):
+        env["WORKER_ID"] = name
+    env.update(extra or {})
+    return env
+
+
+def spawn(name: str, argv: Sequence[str], extra_env: Mapping[str, str] | None = None) -> int:
+    """Starts a stack service as stack.py would (its environment, pid file and log), without
+    waiting for it; returns its pid. Stop it with `stack("stop", name)`."""
+    run_dir, log_dir = stack_dir() / "run", stack_dir() / "logs"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / f"{name}.log").open("ab") as out:
+        p = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=service_env(name, extra_env),
+            start_new_session=True,
+            cwd=ROOT,
+        )
+    (run_dir / f"{name}.pid").write_text(str(p.pid))
+    return p.pid
+
+
+def start_sampled(name: str, out_prefix: Path, extra_env: Mapping[str, str] | None = None) -> None:
+    """(Re)starts a stack service under bench/sampler.py (CPU-weighted stack samples of
+    every thread), with the pid file and log where stack.py keeps them."""
+    stack("stop", name)
+    module = f"evalstream.{name.split('-')[0]}"
+    spawn(name, [str(PY), str(BENCH / "sampler.py"), "--out", str(out_prefix), "-m", module], extra_env)
+    wait_http(f"http://127.0.0.1:{service_port(name)}/healthz", 180)
+
+
+def boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime"):
+            return float(line.split()[1])
+    raise RuntimeError("no btime in /proc/stat")
+
+
+def process_start_epoch(pid: int) -> float:
+    """When a process started (Unix time), from /proc/<pid>/stat's starttime."""
+    rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return boot_time() + int(rest[19]) / CLK_TCK
+
+
+def wait_pipeline_ready(timeout: float = 120) -> float:
+    """Seconds until the worker is ready and the router counts it live."""
+    t0 = time.monotonic()
+    wait_http(f"http://127.0.0.1:{service_port('worker-0')}/readyz", timeout)
+    while time.monotonic() - t0 < timeout:
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            if (
+                metric_sum(metrics("router"), "evalstream_router_group_live_members", worker_group="default")
+                >= 1
+            ):
+                return time.monotonic() - t0
+        time.sleep(0.2)
+    raise TimeoutError("the router never saw a live worker")

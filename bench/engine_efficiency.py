@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c  # noqa: E402
+from bench import common as c
 
 NAME = "engine_efficiency"
 GOAL = 0.90
@@ -47,7 +47,7 @@ def main() -> None:
         def direct() -> c.EngineRun:
             return c.run_engine(engine, prepared, plan)
 
-        def pipeline() -> tuple[c.PipelineRun, dict[str, float]]:
+        def pipeline(r: int = r) -> tuple[c.PipelineRun, dict[str, float]]:
             before = c.engine_calls()
             run = c.run_pipeline(rows, *gen, name=f"bench-engine-{r}")
             return run, c.delta(c.engine_calls(), before)

@@ -148,15 +148,22 @@ async def test_run_metrics_match_the_run(runs: dict[str, Any]) -> None:
     assert value(f'sum(evalstream_run_score_total{{run_id="{run_id}"}})') == pytest.approx(
         replay["accuracy"] * 40
     )
-    window = f"{int(time.time() - runs['started']) + 30}s"
-    counted = {
-        stage: value(f'sum(increase(evalstream_stage_latency_seconds_count{{stage="{stage}"}}[{window}]))')
-        or 0.0
-        for stage in ("queue_wait", "engine", "grading", "end_to_end")
-    }
-    # the two runs: 240 items, 14 shards (others' runs may add to these)
-    assert counted["end_to_end"] >= 240 * 0.9 and counted["queue_wait"] >= 14 * 0.9, counted
-    assert counted["engine"] > 0 and counted["grading"] > 0, counted
+
+    def stages() -> dict[str, float] | None:
+        window = f"{int(time.time() - runs['started']) + 30}s"
+        counted = {
+            stage: value(
+                f'sum(increase(evalstream_stage_latency_seconds_count{{stage="{stage}"}}[{window}]))'
+            )
+            or 0.0
+            for stage in ("queue_wait", "engine", "grading", "end_to_end")
+        }
+        # the two runs: 240 items in 14 shards (others' runs may add to these)
+        done = counted["end_to_end"] >= 240 * 0.9 and counted["queue_wait"] >= 14 * 0.9
+        return counted if done and counted["engine"] > 0 and counted["grading"] > 0 else None
+
+    # each service is scraped on its own beat: wait for the worker's scrape after the runs
+    await until("the stage histograms to count both runs", stages, timeout=30)
 
 
 def legend(fmt: str, labels: dict[str, str]) -> str:

@@ -169,14 +169,23 @@ def test_config_from_settings_refuses_bad_values() -> None:
 def test_evalctl_workers_row_judges_groups_as_the_router_does() -> None:
     from evalstream.cli.main import worker_group_row
 
-    fleet = Fleet(heartbeat_timeout_s=10, max_lag=2)
-    fleet.observe(beat("a", "a-1", ts=NOW - 1, gpu_utilization=0.6, latency_p95_ms=300))
-    fleet.observe(beat("a", "a-2", ts=NOW - 30, gpu_utilization=0.0))
-    fleet.observe(beat("b", "b-1", ts=NOW - 30))
-    a = worker_group_row(fleet, fleet.groups["a"], {0: 1, 1: 2}, NOW)
+    beats = [
+        beat("a", "a-1", ts=NOW - 1, gpu_utilization=0.6, latency_p95_ms=300),
+        beat("a", "a-2", ts=NOW - 30, gpu_utilization=0.0),
+    ]
+    a = worker_group_row(beats, {0: 1, 1: 2}, NOW, timeout_s=10, max_lag=2)
     assert (a["health"], a["healthy"], a["lag"], a["saturated"]) == ("degraded", 1, 3, True)
     assert a["gpu_utilization"] == 0.6 and a["p95_ms"] == 300  # stale members don't count
     assert [m["status"] for m in a["members"]] == ["ready", "stale"]
     assert a["lag_by_partition"] == {"0": 1, "1": 2}
-    b = worker_group_row(fleet, fleet.groups["b"], {}, NOW)
+    # the same members judged by the router's fleet
+    fleet = Fleet(heartbeat_timeout_s=10, max_lag=2)
+    for hb in beats:
+        fleet.observe(hb)
+    fleet.groups["a"].record_lag(3, 0, NOW)
+    view = fleet.views("null", None, NOW)[0]
+    assert (fleet.health(fleet.groups["a"], NOW), view.members, view.saturated) == ("degraded", 1, True)
+    b = worker_group_row([beat("b", "b-1", ts=NOW - 30)], {}, NOW, timeout_s=10, max_lag=2)
     assert (b["health"], b["lag"], b["saturated"], b["p95_ms"]) == ("dead", 0, None, None)
+    gone = worker_group_row([beat("c", "c-1", status="stopped")], {}, NOW, timeout_s=10, max_lag=2)
+    assert (gone["health"], gone["members"]) == ("dead", [])

@@ -37,7 +37,6 @@ from evalstream.common.messages import (
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 from evalstream.common.specs import DEFAULT_MODEL, GRADER_NAMES
-from evalstream.router.fleet import Fleet, Group
 
 EXIT_REJECTED = 2
 EXIT_FAILED = 1
@@ -407,21 +406,32 @@ async def read_heartbeats(bootstrap: str) -> list[Heartbeat]:
 RECENT_S = 3600.0  # `evalctl workers` hides groups silent for longer (unless --all)
 
 
-def worker_group_row(fleet: Fleet, group: Group, lag: dict[int, int], now: float) -> dict[str, Any]:
-    """One group as `evalctl workers` shows it, judged as the router judges it (same
-    heartbeat timeout, same saturation bound)."""
-    group.record_lag(sum(lag.values()), group.routed, now)
-    view = group.view(now, fleet.heartbeat_timeout_s, fleet.max_lag)
-    live = group.live_members(now, fleet.heartbeat_timeout_s)
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
-    def mean(values: list[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return sum(known) / len(known) if known else None
 
+def worker_group_row(
+    beats: list[Heartbeat], lag: dict[int, int], now: float, timeout_s: float, max_lag: int
+) -> dict[str, Any]:
+    """One group as `evalctl workers` shows it, judged by the router's rules (router/fleet.py,
+    which the CLI's image does not carry): a member is live while its heartbeat is younger
+    than ROUTER_HEARTBEAT_TIMEOUT_S and it is not stopped; the group is saturated at
+    ROUTER_MAX_LAG outstanding shards per live member."""
+    members = sorted((hb for hb in beats if hb.status != "stopped"), key=lambda hb: hb.worker_id)
+    live = [hb for hb in members if now - hb.ts <= timeout_s and hb.status in ("ready", "starting")]
+    total_lag = sum(lag.values())
+    pressure = [
+        hb.gpu_memory_used_bytes / (hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes)
+        for hb in live
+        if hb.gpu_memory_used_bytes is not None
+        and hb.gpu_memory_free_bytes is not None
+        and hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes > 0
+    ]
     return {
-        "group": group.name,
-        "model": group.model,
-        "health": fleet.health(group, now),
+        "group": beats[0].group,
+        "model": max(beats, key=lambda hb: hb.ts).model,
+        "health": "dead" if not live else "healthy" if len(live) == len(members) else "degraded",
         "healthy": len(live),
         "members": [
             {
@@ -434,37 +444,38 @@ def worker_group_row(fleet: Fleet, group: Group, lag: dict[int, int], now: float
                 "queue_depth": hb.queue_depth,
                 "age_s": round(now - hb.ts, 1),
             }
-            for hb in sorted(group.members.values(), key=lambda hb: hb.worker_id)
+            for hb in members
         ],
-        "lag": view.outstanding,
+        "lag": total_lag,
         "lag_by_partition": {str(p): n for p, n in sorted(lag.items())},
-        "saturated": view.saturated if live else None,
-        "gpu_utilization": mean([hb.gpu_utilization for hb in live]),
-        "cpu_utilization": mean([hb.cpu_utilization for hb in live]),
-        "gpu_memory_pressure": view.memory_pressure,
-        "p95_ms": view.p95_ms if live else None,
-        "last_heartbeat_s": round(now - group.last_seen, 1),
+        "saturated": total_lag >= max_lag * len(live) if live else None,
+        "gpu_utilization": _mean([hb.gpu_utilization for hb in live]),
+        "cpu_utilization": _mean([hb.cpu_utilization for hb in live]),
+        "gpu_memory_pressure": _mean(list(pressure)),
+        "p95_ms": _mean([hb.latency_p95_ms for hb in live]),
+        "last_heartbeat_s": round(now - max(hb.ts for hb in beats), 1),
     }
 
 
 async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
-    fleet = Fleet(settings.router_heartbeat_timeout_s, max_lag=settings.router_max_lag)
-    for hb in await read_heartbeats(settings.kafka_bootstrap):
-        fleet.observe(hb)
     now = time.time()
-    shown = sorted(
-        (g for g in fleet.groups.values() if args.all or now - g.last_seen < RECENT_S),
-        key=lambda g: (not fleet.is_live(g, now), g.name),
-    )
+    by_group: dict[str, list[Heartbeat]] = {}
+    for hb in await read_heartbeats(settings.kafka_bootstrap):
+        by_group.setdefault(hb.group, []).append(hb)
+    shown = {
+        g: beats for g, beats in by_group.items() if args.all or now - max(b.ts for b in beats) < RECENT_S
+    }
     lags = await asyncio.gather(
         *(
-            group_lag(
-                settings.kafka_bootstrap, topics.worker_consumer_group(g.name), topics.work_topic(g.name)
-            )
+            group_lag(settings.kafka_bootstrap, topics.worker_consumer_group(g), topics.work_topic(g))
             for g in shown
         )
     )
-    rows = [worker_group_row(fleet, g, lag, now) for g, lag in zip(shown, lags, strict=True)]
+    rows = [
+        worker_group_row(beats, lag, now, settings.router_heartbeat_timeout_s, settings.router_max_lag)
+        for beats, lag in zip(shown.values(), lags, strict=True)
+    ]
+    rows.sort(key=lambda r: (r["health"] == "dead", r["group"]))
     if args.json:
         out_json(rows)
         return
@@ -489,7 +500,7 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
                 f"    {m['worker_id']:<32} {m['status']:<8} {m['device'][:28]:<28} util {pct(util)}%  "
                 f"p95 {m['p95_ms']:.0f} ms  queue {m['queue_depth']}  age {m['age_s']}s"
             )
-    hidden = len(fleet.groups) - len(shown)
+    hidden = len(by_group) - len(shown)
     if hidden:
         print(f"({hidden} group(s) silent for over {RECENT_S / 3600:.0f} h not shown: --all)")
 

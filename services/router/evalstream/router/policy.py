@@ -5,8 +5,8 @@ consumer lag) and the shard's traits; whatever outlives one decision (the round-
 the sliding window of `AdaptiveWeights`) belongs to the caller, who also passes the time in.
 Every policy considers only the *eligible* groups it is given (healthy, serving the model)
 and returns None when all of them are saturated (outstanding shards ≥ ROUTER_MAX_LAG per
-live member): the caller then holds the shard (back-pressure) instead of piling it onto a
-full queue.
+live member) — the two lag-aware scores also when their best group is (see below): the
+caller then holds the shard (back-pressure) instead of piling it onto a full queue.
 
 ROUTER_POLICY selects one of:
 

@@ -1,0 +1,103 @@
+"""4. Answer cache: an identical second run of a real-model job.
+
+Each repeat takes questions of its own, empties the answer cache, submits a job on the
+default model (cold: every item goes to the engine), then submits the identical job again
+(warm). Engine calls are counted from the worker's metrics before and after each run: the
+batch-size histogram's count (observed once per engine batch), tokens in and out, and
+evalstream_engine_requests_total where the worker increments it. Goals: zero engine calls
+in the second run and ≥ 20× its items/s (cold time ÷ warm time), median of repeats.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common as c
+
+NAME = "cache"
+GOAL = 20.0
+
+
+def main() -> None:
+    args = c.arg_parser(__doc__).parse_args()
+    started = time.monotonic()
+    c.use_bench_stack()
+    c.ensure_up()
+    n, max_tokens, repeats = (8, 16, 1) if args.quick else (32, 32, 3)
+    gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
+    reps: list[dict[str, Any]] = []
+    for r in range(repeats):
+        rows = c.arithmetic_rows(n, seed=400 + r, prefix=f"c{r}-")
+        c.clear_answer_cache()
+        before = c.engine_calls()
+        cold = c.run_pipeline(rows, *gen, name=f"bench-cache-cold-{r}")
+        mid = c.engine_calls()
+        warm = c.run_pipeline(rows, *gen, name=f"bench-cache-warm-{r}")
+        after = c.engine_calls()
+        cold_calls, warm_calls = c.delta(mid, before), c.delta(after, mid)
+        speedup = cold.elapsed_s / warm.elapsed_s
+        c.log(
+            f"repeat {r}: cold {cold.elapsed_s:.2f} s ({cold_calls['batches']:.0f} engine batches), "
+            f"warm {warm.elapsed_s:.2f} s ({warm_calls['batches']:.0f} batches, {warm.cache_hits}/{n} hits) -> {speedup:.1f}x"
+        )
+        reps.append(
+            {
+                "cold": cold.as_dict(),
+                "warm": warm.as_dict(),
+                "cold_engine": cold_calls,
+                "warm_engine": warm_calls,
+                "speedup": round(speedup, 3),
+            }
+        )
+    speed = c.summarize([x["speedup"] for x in reps])
+    zero = all(
+        x["warm_engine"]["batches"] == 0
+        and x["warm_engine"]["tokens_out"] == 0
+        and x["warm_engine"]["engine_requests"] == 0
+        for x in reps
+    )
+    all_hits = all(x["warm"]["cache_hits"] == n for x in reps)
+    counted = any(x["cold_engine"]["engine_requests"] > 0 for x in reps)
+    med = speed["median"]
+    c.write_result(
+        NAME,
+        {
+            "params": {"items": n, "max_tokens": max_tokens, "repeats": repeats, "model": c.DEFAULT_MODEL},
+            "repeats": reps,
+            "speedup": speed,
+            "engine_requests_metric_counts": counted,
+            "goals": [
+                c.goal_row(
+                    "4a",
+                    "cache: engine calls in an identical second run",
+                    "0",
+                    f"{sum(x['warm_engine']['batches'] for x in reps):.0f} batches, "
+                    f"{sum(x['warm_engine']['tokens_out'] for x in reps):.0f} tokens; "
+                    f"{'all' if all_hits else 'not all'} items cache hits",
+                    zero and all_hits,
+                    "counted from the worker's evalstream_batch_size_count and evalstream_tokens_total"
+                    + ("" if counted else " (evalstream_engine_requests_total is not incremented yet)"),
+                ),
+                c.goal_row(
+                    "4b",
+                    "cache: second run speed-up (cold time ÷ warm time)",
+                    f"≥ {GOAL:.0f}×",
+                    f"{c.fmt_num(med)}× (median of {speed['n']}; {c.fmt_num(speed['min'])}–{c.fmt_num(speed['max'])})",
+                    med is not None and med >= GOAL,
+                    f"{n} items, max_tokens {max_tokens}, default model on CPU; warm run "
+                    f"{c.fmt_num(c.summarize([x['warm']['elapsed_s'] for x in reps])['median'])} s",
+                ),
+            ],
+        },
+        started=started,
+        quick=args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()

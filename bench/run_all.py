@@ -1,0 +1,103 @@
+"""Runs every benchmark on the bench stack, then writes bench/results/summary.json and the
+table in README.md (between <!-- bench:start --> and <!-- bench:end -->).
+
+    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...]
+
+Each benchmark is its own process (bench/<name>.py), so one failing does not stop the
+others; its JSON is read back from bench/results/. --quick runs the smoke-test sizes and
+writes summary.quick.json without touching the README.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import common as c
+
+BENCHMARKS = ["engine_efficiency", "against_lmeval", "pipeline_ceiling", "cache", "worker_start", "batching"]
+BUDGET_S = 30 * 60
+README = c.ROOT / "README.md"
+
+
+def readme_body(summary: dict[str, Any]) -> str:
+    m = summary["machine"]
+    rows = [g for b in summary["benchmarks"].values() for g in b.get("goals", [])]
+    failed = [f"`{n}` ({b['error']})" for n, b in summary["benchmarks"].items() if b.get("error")]
+    lines = [
+        f"Measured {summary['finished_at']} by `make bench` in {summary['total_s'] / 60:.1f} min on "
+        f"{m['cpu_model']}, {m['cores']} cores, {round((m['ram_bytes'] or 0) / 2**30)} GiB RAM, no GPU; "
+        f"torch {m['torch']}, transformers {m['transformers']}; commit `{(m['git_commit'] or '?')[:12]}`. "
+        "The machine is shared: ratios are of two things measured side by side, median of repeats; "
+        "raw numbers in `bench/results/*.json`.",
+        "",
+        c.render_table(rows),
+    ]
+    if failed:
+        lines += ["", "Did not finish: " + ", ".join(failed)]
+    notes = [(n, d) for n, b in summary["benchmarks"].items() for d in b.get("diagnosis", [])]
+    if notes:
+        lines += ["", "Where a goal is missed — where the time goes and what would close it:", ""]
+        lines += [f"* **{n}**: {d}" for n, d in notes]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = c.arg_parser(__doc__)
+    ap.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run these only")
+    args = ap.parse_args()
+    started = time.monotonic()
+    c.use_bench_stack()
+    c.log(f"bringing the bench stack up ({c.stack_dir()}, port offset {c.offset()})")
+    c.ensure_up()
+    names = args.only or BENCHMARKS
+    results: dict[str, Any] = {}
+    for name in names:
+        t0 = time.monotonic()
+        c.log(f"=== {name}")
+        cmd = [sys.executable, str(c.BENCH / f"{name}.py"), *(["--quick"] if args.quick else [])]
+        proc = subprocess.run(cmd, cwd=c.ROOT, stdout=subprocess.DEVNULL)
+        wall = time.monotonic() - t0
+        path = c.RESULTS / (f"{name}.quick.json" if args.quick else f"{name}.json")
+        entry: dict[str, Any] = {"rc": proc.returncode, "wall_s": round(wall, 1)}
+        if proc.returncode == 0 and path.exists():
+            doc = json.loads(path.read_text())
+            entry["goals"] = doc.get("goals", [])
+            entry["diagnosis"] = doc.get("diagnosis", [])
+        else:
+            entry["error"] = f"exit code {proc.returncode}"
+        results[name] = entry
+        c.log(f"=== {name}: {wall:.0f} s, rc {proc.returncode}; {time.monotonic() - started:.0f} s so far")
+    total = time.monotonic() - started
+    summary = {
+        "finished_at": time.strftime("%Y-%m-%d %H:%M"),
+        "quick": args.quick,
+        "total_s": round(total, 1),
+        "budget_s": BUDGET_S,
+        "within_budget": total <= BUDGET_S,
+        "machine": c.machine(),
+        "benchmarks": results,
+    }
+    out = c.RESULTS / ("summary.quick.json" if args.quick else "summary.json")
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    rows = [g for b in results.values() for g in b.get("goals", [])]
+    print(c.render_table(rows))
+    print(json.dumps({k: v for k, v in summary.items() if k != "benchmarks"}, indent=2))
+    if not args.quick and not args.only:
+        text = README.read_text()
+        README.write_text(c.replace_between(text, c.README_START, c.README_END, readme_body(summary)))
+        c.log("README.md benchmark table updated")
+    if total > BUDGET_S:
+        c.log(f"warning: the benchmarks took {total / 60:.1f} min, over the {BUDGET_S / 60:.0f} min budget")
+    if any(r.get("error") for r in results.values()):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

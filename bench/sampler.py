@@ -1,0 +1,159 @@
+"""A small CPU sampling profiler for the stack's services (py-spy is not installed).
+
+    python bench/sampler.py --out PREFIX [--interval 0.005] -m evalstream.worker
+
+runs the module as `python -m` would, and samples every Python thread from a background
+thread: each sample's stack is weighted by the CPU time that thread consumed since the last
+sample (/proc/self/task/<tid>/schedstat, nanoseconds), so waiting threads cost nothing and
+the result is CPU time per stack, across threads (pyinstrument's CLI sees only the main
+thread, and the worker's item handling runs in asyncio.to_thread). Writes PREFIX.collapsed
+(flamegraph input: `frame;frame;frame nanoseconds`) and PREFIX.json (top functions by self
+and by inclusive CPU time) every few seconds and at exit; SIGUSR1
+forgets what was sampled so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+Stack = tuple[str, ...]
+
+
+def frame_label(frame: FrameType) -> str:
+    code = frame.f_code
+    path = code.co_filename
+    parts = Path(path).parts
+    # site-packages/<pkg>/…: keep the package-relative tail, enough to know what it is
+    short = "/".join(parts[-3:]) if len(parts) >= 3 else path
+    return f"{code.co_name} ({short}:{code.co_firstlineno})"
+
+
+def stack_of(frame: FrameType | None, limit: int = 80) -> Stack:
+    out: list[str] = []
+    while frame is not None and len(out) < limit:
+        out.append(frame_label(frame))
+        frame = frame.f_back
+    return tuple(reversed(out))
+
+
+def thread_cpu_ns(native_id: int) -> int | None:
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def summarize(stacks: dict[Stack, int], top: int = 25) -> dict[str, object]:
+    """Self time (leaf frame) and inclusive time (anywhere on the stack) per function."""
+    total = sum(stacks.values()) or 1
+    self_t: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    for stack, ns in stacks.items():
+        if not stack:
+            continue
+        self_t[stack[-1]] += ns
+        for label in set(stack):
+            incl[label] += ns
+    return {
+        "sampled_cpu_s": round(total / 1e9, 3),
+        "self": [{"function": k, "share": round(v / total, 4)} for k, v in self_t.most_common(top)],
+        "inclusive": [{"function": k, "share": round(v / total, 4)} for k, v in incl.most_common(top)],
+    }
+
+
+class Sampler:
+    def __init__(self, out: Path, interval: float) -> None:
+        self.out = out
+        self.interval = interval
+        self.stacks: collections.Counter[Stack] = collections.Counter()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.reset = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        atexit.register(self.finish)
+        # uvicorn captures SIGTERM, shuts down, restores this handler and raises the signal
+        # again: the samples are written then, before the default action ends the process
+        signal.signal(signal.SIGTERM, self._on_term)
+        # SIGUSR1: forget what was sampled so far (start-up), so that a benchmark profiles
+        # only its measured window
+        signal.signal(signal.SIGUSR1, lambda *_: self.reset.set())
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.finish()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        last: dict[int, int] = {}
+        flushed = time.monotonic()
+        while not self.stop.wait(self.interval):
+            natives = {t.ident: t.native_id for t in threading.enumerate() if t.ident is not None}
+            frames = sys._current_frames()
+            with self.lock:
+                if self.reset.is_set():
+                    self.stacks.clear()
+                    self.reset.clear()
+                for ident, frame in frames.items():
+                    nid = natives.get(ident)
+                    if ident == me or nid is None:
+                        continue
+                    ns = thread_cpu_ns(nid)
+                    if ns is None:
+                        continue
+                    used = ns - last.get(nid, ns)
+                    last[nid] = ns
+                    if used > 0:
+                        self.stacks[stack_of(frame)] += used
+            del frames
+            if time.monotonic() - flushed > 5:
+                self.write()
+                flushed = time.monotonic()
+
+    def write(self) -> None:
+        with self.lock:
+            stacks = dict(self.stacks)
+        tmp = self.out.with_suffix(".collapsed.tmp")
+        tmp.write_text("".join(f"{';'.join(s)} {ns}\n" for s, ns in stacks.items()))
+        tmp.replace(self.out.with_suffix(".collapsed"))
+        tmp = self.out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summarize(stacks), indent=1))
+        tmp.replace(self.out.with_suffix(".json"))
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.write()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output prefix (PREFIX.collapsed, PREFIX.json)")
+    ap.add_argument("--interval", type=float, default=0.005)
+    ap.add_argument("-m", dest="module", required=True)
+    args, rest = ap.parse_known_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    Sampler(out, args.interval).start()
+    sys.argv = [args.module, *rest]
+    # as `python -m`: the working directory first, not this script's folder
+    sys.path[0] = os.getcwd()
+    runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
