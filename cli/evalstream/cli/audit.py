@@ -312,7 +312,6 @@ async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from evalstream.common.specs import GRADER_NAMES
 
     p = sub.add_parser(
         "audit",
@@ -322,7 +321,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--dataset", required=True, help="dataset file or version (content hash prefix)")
     p.add_argument("--runs", help="comma-separated run ids (default: every completed run on this version)")
-    p.add_argument("--grader", choices=GRADER_NAMES, help="the dataset's grader (default: the runs' grader)")
+    p.add_argument("--grader", help="the dataset's grader SPEC (default: the runs' grader)")
     p.add_argument(
         "--min-agree", type=int, default=MIN_AGREE, help=f"models that must agree (default {MIN_AGREE})"
     )

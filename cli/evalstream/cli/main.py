@@ -36,7 +36,7 @@ from evalstream.common.messages import (
 )
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
-from evalstream.common.specs import DEFAULT_MODEL, GRADER_NAMES
+from evalstream.common.specs import DEFAULT_MODEL
 
 EXIT_REJECTED = 2
 EXIT_FAILED = 1
@@ -533,7 +533,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--grader",
         default="auto",
-        choices=GRADER_NAMES,
         help="how answers are graded (default auto: per item)",
     )
     s.add_argument("--max-tokens", type=int, default=256, help="maximum new tokens per answer (default 256)")

@@ -190,7 +190,15 @@ async def on_heartbeat(msg: KafkaMessage) -> None:
     try:
         router.observe(decode(record.value, Heartbeat))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        log.warning("ignoring undecodable heartbeat: %s", exc)
+        # Dead-lettered like poison anywhere else, then tombstoned so that compaction drops
+        # it and a restarted router does not report it again (each router replica reports
+        # it once, since every replica reads every heartbeat).
+        log.warning("undecodable heartbeat dead-lettered: %s", exc)
+        await service.dead_letter(
+            broker, record.value, service.dead_letter_headers(record, exc), key=record.key
+        )
+        if record.key:
+            await broker.publish(None, topics.HEARTBEATS, key=record.key)
 
 
 async def start_background() -> None:

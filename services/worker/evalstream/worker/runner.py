@@ -36,6 +36,9 @@ from evalstream.worker.prompting import build_messages
 from evalstream.worker.sandbox import SandboxUnavailable
 
 GRADING_THREADS = 8
+# Graders that run programs or wait on a model go to threads; the rest are microseconds of
+# string work, cheaper inline than a thread hand-off per item.
+BLOCKING_GRADERS = frozenset({"code", "judge"})
 
 
 @dataclass
@@ -86,6 +89,7 @@ class ModelRunner:
         self.recent_tokens = 0
         self.recent_errors = 0
         self.recent_items = 0
+        self._grading_pool: ThreadPoolExecutor | None = None
 
     async def run(self, shards: list[Shard]) -> Outcome:
         outcome = Outcome(results={s.shard_id: [] for s in shards})
@@ -129,6 +133,7 @@ class ModelRunner:
                 self.busy_s += elapsed
                 ENGINE_BUSY_SECONDS.inc(elapsed)
                 STAGE_LATENCY.labels(stage="engine").observe(elapsed)
+                tokens_in = tokens_out = 0
                 for p, out in zip(batch, outputs, strict=True):
                     if isinstance(out, EngineError):
                         outcome.failures.append(
@@ -140,11 +145,13 @@ class ModelRunner:
                         out.text, out.prompt_tokens or p.prompt_tokens, out.completion_tokens
                     )
                     answered.append((p, answer, out.latency_ms or elapsed * 1000, False, out.truncated))
-                    TOKENS.labels(direction="in").inc(answer.prompt_tokens)
-                    TOKENS.labels(direction="out").inc(answer.completion_tokens)
-                    self.recent_tokens += answer.completion_tokens
+                    tokens_in += answer.prompt_tokens
+                    tokens_out += answer.completion_tokens
                     if p.key:
                         fresh.append((p.key, engine.name, answer))
+                TOKENS.labels(direction="in").inc(tokens_in)
+                TOKENS.labels(direction="out").inc(tokens_out)
+                self.recent_tokens += tokens_out
         if self.cache:
             await self.cache.put_many(fresh)
         started = time.monotonic()
@@ -165,6 +172,7 @@ class ModelRunner:
         for shard in shards:
             # the router's SLA fallback may hand the shard to a lighter model than requested
             model = shard.served_model or shard.model
+            generation = msgspec.to_builtins(shard.generation)  # once per shard: part of every cache key
             for item in shard.items:
                 try:
                     engine = self.engine_for(model)
@@ -186,7 +194,7 @@ class ModelRunner:
                     key = cache_key(
                         model=model,
                         model_revision=engine.revision,
-                        generation=msgspec.to_builtins(gen),
+                        generation=generation,
                         prompt=prompt,
                     )
                 request = GenRequest(item_id=item.id, messages=messages, params=gen, attempt=shard.attempt)
@@ -196,9 +204,15 @@ class ModelRunner:
     def _grade_all(
         self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
     ) -> tuple[list[ItemResult], list[Failure]]:
-        # a few threads: code runs in sandbox processes and a judge waits on its model
-        with ThreadPoolExecutor(GRADING_THREADS, thread_name_prefix="grading") as pool:
-            graded = list(pool.map(self._grade_one, answered))
+        blocking = [e for e in answered if e[0].grader.split(":", 1)[0] in BLOCKING_GRADERS]
+        graded = [
+            self._grade_one(e) for e in answered if e[0].grader.split(":", 1)[0] not in BLOCKING_GRADERS
+        ]
+        if blocking:
+            # a few threads: code runs in sandbox processes and a judge waits on its model
+            if self._grading_pool is None:
+                self._grading_pool = ThreadPoolExecutor(GRADING_THREADS, thread_name_prefix="grading")
+            graded += self._grading_pool.map(self._grade_one, blocking)
         return [g for g in graded if isinstance(g, ItemResult)], [g for g in graded if isinstance(g, Failure)]
 
     def _grade_one(self, entry: tuple[_Pending, CachedAnswer, float, bool, bool]) -> ItemResult | Failure:
