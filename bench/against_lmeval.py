@@ -57,8 +57,10 @@ def _dir_bytes(path: Path) -> int:
 def ensure_lmeval_venv() -> dict[str, Any]:
     """bench/.venv-lmeval with lm-eval, reusing the project's torch; created if missing."""
     py = VENV / "bin" / "python"
+    record = VENV / "evalstream-install.json"  # what creating it cost, kept for later runs
     if py.exists() and subprocess.run([str(py), "-c", "import lm_eval"], capture_output=True).returncode == 0:
-        return {"created": False, "path": str(VENV), "size_bytes": _dir_bytes(VENV)}
+        first = json.loads(record.read_text()) if record.exists() else None
+        return {"created": False, "path": str(VENV), "size_bytes": _dir_bytes(VENV), "when_created": first}
     c.log(f"creating {VENV} with lm-eval {LMEVAL_VERSION} (the project's torch is shared, not reinstalled)")
     shutil.rmtree(VENV, ignore_errors=True)
     info = json.loads(
@@ -94,13 +96,16 @@ def ensure_lmeval_venv() -> dict[str, Any]:
         for p in Path(project_site).iterdir()
         if p.name == "torch" or p.name.startswith("nvidia")
     )
-    return {
+    out = {
         "created": True,
         "path": str(VENV),
         "install_s": round(seconds, 1),
         "size_bytes": _dir_bytes(VENV),
         "shared_torch_bytes_not_downloaded": torch_bytes,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    record.write_text(json.dumps(out, indent=1))
+    return out
 
 
 class LmEval:

@@ -417,6 +417,14 @@ def set_worker_env(env: Mapping[str, str]) -> None:
     _worker_marker().write_text(json.dumps(dict(env)))
 
 
+def reset_stack() -> None:
+    """Deletes the bench stack's data (Kafka topics, database, objects) and brings it up
+    afresh with the default worker: the way out of a run that cannot finish."""
+    stack("clean")
+    stack("up")
+    set_worker_env({})
+
+
 def restart(names: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     """Stops the named services and brings the stack up again (resets their peak RSS).
     `env` applies to what is restarted; the worker keeps the settings ensure_up gave it."""
@@ -588,6 +596,14 @@ def data_dir() -> Path:
 # =========================================================================== pipeline runs
 
 
+class Unfinished(TimeoutError):
+    """A run that had not every result in PostgreSQL when its time was up."""
+
+    def __init__(self, run_id: str, done: int, total: int, timeout: float) -> None:
+        super().__init__(f"run {run_id}: {done}/{total} results after {timeout:.0f}s")
+        self.run_id, self.done, self.total, self.timeout = run_id, done, total, timeout
+
+
 @dataclass
 class PipelineRun:
     run_id: str
@@ -650,7 +666,7 @@ async def wait_results(run_id: str, total: int, timeout: float, poll_s: float) -
             if status == "rejected":
                 raise RuntimeError(f"run {run_id} was rejected")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id}: {n}/{total} results after {timeout:.0f}s")
+                raise Unfinished(run_id, int(n), total, timeout)
             await asyncio.sleep(poll_s)
     finally:
         await conn.close()
@@ -662,7 +678,7 @@ def run_pipeline(
     total: int | None = None,
     name: str = "bench",
     timeout: float = 1800,
-    poll_s: float = 0.1,
+    poll_s: float = 0.05,
 ) -> PipelineRun:
     """Submits a data set (rows, or a JSONL file already written) and waits until every
     item has its row in PostgreSQL. The clock runs from the start of `submit` to the poll

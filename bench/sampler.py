@@ -1,15 +1,15 @@
-"""A small CPU sampling profiler for the stack's services (py-spy is not installed).
+"""A small sampling profiler for the stack's services (py-spy is not installed).
 
     python bench/sampler.py --out PREFIX [--interval 0.005] -m evalstream.worker
 
-runs the module as `python -m` would, and samples every Python thread from a background
-thread: each sample's stack is weighted by the CPU time that thread consumed since the last
-sample (/proc/self/task/<tid>/schedstat, nanoseconds), so waiting threads cost nothing and
-the result is CPU time per stack, across threads (pyinstrument's CLI sees only the main
-thread, and the worker's item handling runs in asyncio.to_thread). Writes PREFIX.collapsed
-(flamegraph input: `frame;frame;frame nanoseconds`) and PREFIX.json (top functions by self
-and by inclusive CPU time) every few seconds and at exit; SIGUSR1
-forgets what was sampled so far.
+runs the module as `python -m` would, and every INTERVAL samples the stack of every Python
+thread from a background thread (pyinstrument's CLI sees only the main thread, and the
+worker's item handling runs in asyncio.to_thread). A sample counts only if the thread is
+running: it used CPU since the last sample (/proc/self/task/<tid>/schedstat) and is not
+parked in a blocking call (the event loop's select, a thread pool's idle queue, a wait);
+so the result is where busy time goes, per stack, across threads. Writes PREFIX.collapsed
+(flamegraph input: `frame;frame;frame microseconds`) and PREFIX.json (top functions by self
+and inclusive time) every few seconds and at exit; SIGUSR1 forgets what was sampled so far.
 """
 
 from __future__ import annotations
@@ -47,6 +47,23 @@ def stack_of(frame: FrameType | None, limit: int = 80) -> Stack:
     return tuple(reversed(out))
 
 
+# (function, file) of the leaf frame of a thread parked in a blocking call (the blocking C
+# call itself has no Python frame): the event loop's selector, waits, an idle thread pool.
+IDLE_LEAVES = {
+    ("select", "selectors.py"),
+    ("poll", "selectors.py"),
+    ("wait", "threading.py"),
+    ("_wait_for_tstate_lock", "threading.py"),
+    ("_worker", "thread.py"),
+    ("readinto", "socket.py"),  # a blocking read (an HTTP reply) in a worker thread
+}
+
+
+def is_idle(leaf: str) -> bool:
+    func, _, where = leaf.partition(" (")
+    return (func, Path(where.rsplit(":", 1)[0]).name) in IDLE_LEAVES
+
+
 def thread_cpu_ns(native_id: int) -> int | None:
     try:
         with open(f"/proc/self/task/{native_id}/schedstat") as f:
@@ -57,7 +74,7 @@ def thread_cpu_ns(native_id: int) -> int | None:
 
 def summarize(stacks: dict[Stack, int], top: int = 25) -> dict[str, object]:
     """Self time (leaf frame) and inclusive time (anywhere on the stack) per function."""
-    total = sum(stacks.values()) or 1
+    total = sum(stacks.values()) or 1  # microseconds
     self_t: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     for stack, ns in stacks.items():
@@ -67,7 +84,7 @@ def summarize(stacks: dict[Stack, int], top: int = 25) -> dict[str, object]:
         for label in set(stack):
             incl[label] += ns
     return {
-        "sampled_cpu_s": round(total / 1e9, 3),
+        "sampled_busy_s": round(total / 1e6, 3),
         "self": [{"function": k, "share": round(v / total, 4)} for k, v in self_t.most_common(top)],
         "inclusive": [{"function": k, "share": round(v / total, 4)} for k, v in incl.most_common(top)],
     }
@@ -118,8 +135,9 @@ class Sampler:
                         continue
                     used = ns - last.get(nid, ns)
                     last[nid] = ns
-                    if used > 0:
-                        self.stacks[stack_of(frame)] += used
+                    stack = stack_of(frame)
+                    if used > 0 and stack and not is_idle(stack[-1]):
+                        self.stacks[stack] += int(self.interval * 1e6)
             del frames
             if time.monotonic() - flushed > 5:
                 self.write()
@@ -148,6 +166,10 @@ def main() -> None:
     args, rest = ap.parse_known_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # A thread hands the GIL to the sampler only at its next switch check: with the default
+    # 5 ms, bursts shorter than that would end in the event loop's select before a sample
+    # could see them. A short interval lets samples land inside the busy code.
+    sys.setswitchinterval(0.0002)
     Sampler(out, args.interval).start()
     sys.argv = [args.module, *rest]
     # as `python -m`: the working directory first, not this script's folder

@@ -182,7 +182,10 @@ class Chromium:
             self._events.remove(ev)
             method, params = ev.get("method"), ev.get("params", {})
             if method == "Runtime.exceptionThrown":
-                page.console_errors.append(json.dumps(params.get("exceptionDetails", {}))[:500])
+                details = params.get("exceptionDetails", {})
+                # the message lives in exception.description; the rest of the JSON can be long
+                description = details.get("exception", {}).get("description", "")
+                page.console_errors.append(f"{details.get('text', '')} {description}"[:500])
             elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
                 page.console_errors.append(json.dumps(params.get("args", []))[:500])
             elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":

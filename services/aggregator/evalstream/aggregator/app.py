@@ -122,7 +122,7 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
                     score=0.0,
                     error=error,
                     attempts=attempts,
-                    served_by=shard.routed_to or "",
+                    served_by=f"{shard.routed_to}/{shard.served_model or shard.model}" if shard.routed_to else "",
                     category=item.category,
                 )
                 for item in shard.items
