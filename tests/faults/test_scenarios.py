@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import signal
+import subprocess
 import time
 from pathlib import Path
 
+import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
@@ -37,7 +38,7 @@ from tests.faults.harness import (
     wait_rows,
     write_dataset,
 )
-from tests.support import ServiceProcess, unique
+from tests.support import ServiceProcess, unique, wait_until
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
@@ -124,7 +125,7 @@ async def test_02_sigstop_worker_past_session_timeout(stack: Settings, group: Gr
     paused = group.workers[1]
     paused.signal(signal.SIGSTOP)
     t_pause = time.monotonic()
-    await asyncio.sleep(40)  # > session_timeout_ms (30 s): the group evicts it and rebalances
+    await asyncio.sleep(25)  # > session_timeout_ms (15 s): the group evicts it and rebalances
     paused.signal(signal.SIGCONT)  # its late commit must fail, not lose or duplicate
     await finish(
         stack,
@@ -282,14 +283,32 @@ async def test_09_redrive_dead_letters_twice(stack: Settings, spawn, tmp_path: P
     await faulty.start(stack)
     t0 = time.monotonic()
     run_id, ids = await start_run(stack, tmp_path, faulty, 300, "redrive")
-    await wait_completed(stack, run_id, 60)
+    await wait_completed(stack, run_id, 120)
     failed_before = (await check_invariant(stack, run_id, ids)).failures
+
+    async def dead_letters() -> int:
+        conn = await asyncpg.connect(stack.database_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM dead_letters WHERE run_id = $1", run_id))
+        finally:
+            await conn.close()
+
     for _ in range(2):
+        before = await dead_letters()
         evalctl("dlq", "redrive", run_id)
-        await asyncio.sleep(3)
+        # the permanent failures fail again: wait until each is back in the dead letters
+        await wait_until(
+            lambda before=before: _at_least(dead_letters, before + failed_before),
+            90,
+            what="the redriven items to come back",
+        )
     inv = await check_invariant(stack, run_id, ids)
     record("09 redrive dead letters twice", inv, None, time.monotonic() - t0)
     assert inv.holds and inv.failures == failed_before > 0, summary(inv)
+
+
+async def _at_least(count, n: int) -> bool:
+    return bool(await count() >= n)
 
 
 # --------------------------------------------------------------------------- producer, scaling, router

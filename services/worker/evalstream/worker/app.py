@@ -96,7 +96,7 @@ state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
     # model work runs in a thread, so heartbeats keep flowing). A stopped or dead process
     # is still noticed within the session timeout.
     max_poll_interval_ms=settings.worker_max_poll_interval_ms,
-    session_timeout_ms=30_000,
+    session_timeout_ms=15_000,
     heartbeat_interval_ms=3_000,
     max_partition_fetch_bytes=8 * 1024 * 1024,
 )
