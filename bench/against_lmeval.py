@@ -185,6 +185,9 @@ def profile_engine(rows: list[dict[str, Any]], max_tokens: int) -> dict[str, Any
     )
     shared = len(tok(system_only, add_special_tokens=False)["input_ids"])
     mean_prompt = sum(full.prompt_tokens) / len(full.prompt_tokens)
+    done = [getattr(o, "completion_tokens", 0) for o in t_full.outputs]
+    slots = sum(len(b) * max(done[i] for i in b) for b in plan)
+    decode_waste = 1 - sum(done) / slots if slots else 0.0
     return {
         "items": len(rows),
         "plan": [len(b) for b in plan],
@@ -194,6 +197,7 @@ def profile_engine(rows: list[dict[str, Any]], max_tokens: int) -> dict[str, Any
         "mean_prompt_tokens": round(mean_prompt, 1),
         "mean_completion_tokens": round(t_full.completion_tokens / len(rows), 1),
         "template_tokens_shared_by_every_prompt": shared,
+        "decode_waste": round(decode_waste, 3),
         "pyinstrument_report": str(c.RESULTS / f"{NAME}.profile.txt"),
         "self_time_top": flat,
     }
@@ -255,12 +259,15 @@ def explain_miss(ratio: float, busy: float | None, p: dict[str, Any]) -> str:
         f"the pipeline's worker keeps it busy {busy or 0:.0%} of the run, so the missing factor is in the engine, "
         f"not around it. In an engine batch, prefill takes {p['prefill_share']:.0%} of the time (mean prompt "
         f"{prompt:.0f} tokens, {shared} of them the chat template's default system prompt, the same in every "
-        f"prompt; answers {p['mean_completion_tokens']:.0f} tokens); pyinstrument self time: {top} "
+        f"prompt; answers {p['mean_completion_tokens']:.0f} tokens, and {p['decode_waste']:.0%} of the decode "
+        "row-steps go to rows that have already finished, as generate() runs a batch until its longest answer "
+        f"ends); pyinstrument self time: {top} "
         f"(`{NAME}.profile.txt`). What would close it: reuse the KV cache of the shared prefix across a batch "
-        f"(−{saved:.0%} of engine time, ≈{ratio / (1 - saved):.1f}× estimated), bf16 weights on this "
-        "AVX512-BF16 CPU, or an engine with paged KV cache and continuous batching (vLLM on GPUs, llama.cpp on "
-        "the GGUF on CPUs) behind the same Engine protocol; repeats are already served by the answer cache "
-        "(benchmark 4)."
+        f"(−{saved:.0%} of engine time, ≈{ratio / (1 - saved):.1f}× estimated), continuous batching that "
+        "replaces finished rows instead of padding them, bf16 weights on this AVX512-BF16 CPU (the matmuls are "
+        "the time), or an engine that does all of that (vLLM on GPUs, llama.cpp on the GGUF on CPUs) behind the "
+        "same Engine protocol. No work around the engine can: lm-eval drives the same generate(). Repeats are "
+        "already served by the answer cache (benchmark 4)."
     )
 
 

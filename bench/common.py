@@ -558,23 +558,24 @@ class CpuMeter:
 
 
 def arithmetic_rows(n: int, seed: int, prefix: str = "q") -> list[dict[str, Any]]:
-    """Short questions with one-line answers. A different seed gives different questions
-    (so that a repeat never hits the answer cache) of the same shape and length."""
+    """`n` distinct short questions with one-line answers (distinct, so that no item of a
+    run is served from the answer cache by another). A different seed gives different
+    questions of the same shape and length."""
     import random
 
     rnd = random.Random(seed)
-    rows = []
-    for i in range(n):
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while len(rows) < n:
         a, b = rnd.randint(10, 99), rnd.randint(2, 9)
-        op = ("+", "-", "*")[i % 3]
+        op = ("+", "-", "*")[len(rows) % 3]
+        question = f"What is {a} {op} {b}?"
+        if question in seen:
+            continue
+        seen.add(question)
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         rows.append(
-            {
-                "id": f"{prefix}{i:05d}",
-                "question": f"What is {a} {op} {b}?",
-                "answer": str(answer),
-                "category": op,
-            }
+            {"id": f"{prefix}{len(rows):05d}", "question": question, "answer": str(answer), "category": op}
         )
     return rows
 

@@ -46,7 +46,7 @@ def main() -> None:
     started = time.monotonic()
     c.use_bench_stack()
     c.ensure_up()
-    n, repeats, max_tokens = (16, 1, 16) if args.quick else (64, 3, 32)
+    n, repeats, max_tokens = (16, 1, 16) if args.quick else (48, 5, 32)
     rows = c.arithmetic_rows(n, seed=1)
     gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
 

@@ -11,7 +11,7 @@ Goals: ≥ 10,000 items/s at 150k; memory flat in the number of items (here: eac
 peak at 150k ≤ 1.25 × its peak at 15k). Below the throughput goal, a third run of the
 smaller size goes through with every service under bench/sampler.py (stack samples of
 every busy thread) and the top functions per service are reported. A run still going
-after 300 s (BENCH_CEILING_DEADLINE_S) is reported as unfinished with its rate so far, and
+after 240 s (BENCH_CEILING_DEADLINE_S) is reported as unfinished with its rate so far, and
 the bench stack is reset (its data deleted) so that the next benchmark starts clean.
 """
 
@@ -144,7 +144,7 @@ def main() -> None:
     small, large = (1_500, 15_000) if args.quick else (15_000, 150_000)
     # The large run must fit the 30-minute `make bench`: past this it is reported as
     # unfinished (the rate so far) and the bench stack is reset.
-    deadline = float(os.environ.get("BENCH_CEILING_DEADLINE_S", 120.0 if args.quick else 300.0))
+    deadline = float(os.environ.get("BENCH_CEILING_DEADLINE_S", 120.0 if args.quick else 240.0))
     shard_args: list[str] = []  # the CLI's default shard size
     profile: dict[str, Any] | None = None
     try:

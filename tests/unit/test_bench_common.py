@@ -143,3 +143,12 @@ def test_replace_between_keeps_everything_outside_the_markers() -> None:
     assert c.replace_between(out, "<!-- s -->", "<!-- e -->", "new\ntable") == out  # idempotent
     with pytest.raises(ValueError):
         c.replace_between("no markers", "<!-- s -->", "<!-- e -->", "x")
+
+
+def test_arithmetic_rows_are_distinct_and_deterministic() -> None:
+    rows = c.arithmetic_rows(300, seed=7)
+    assert len({r["question"] for r in rows}) == 300  # no item answered from the cache by another
+    assert len({r["id"] for r in rows}) == 300
+    assert rows == c.arithmetic_rows(300, seed=7)
+    assert rows != c.arithmetic_rows(300, seed=8)
+    assert all(str(eval(r["question"][8:-1])) == r["answer"] for r in rows)

@@ -19,7 +19,10 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import urllib3
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from minio.error import MinioException
 
 from evalstream.cli import extensions
 from evalstream.cli.progress import ProgressBar
@@ -131,9 +134,9 @@ async def wait_for_run(
     try:
         while True:
             row = await conn.fetchrow(
-                "SELECT status, total, problems, (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id) AS done,"
-                " (SELECT count(*) FROM item_results i WHERE i.run_id = r.run_id AND error IS NOT NULL) AS failed"
-                " FROM runs r WHERE run_id = $1",
+                # `recorded` is kept by the aggregator: no count over the run's rows
+                "SELECT status, total, problems, recorded AS done, (SELECT count(*) FROM dead_letters d"
+                " WHERE d.run_id = r.run_id AND d.redriven_at IS NULL) AS failed FROM runs r WHERE run_id = $1",
                 run_id,
             )
             if row is not None and row["status"] == "rejected":
@@ -355,21 +358,27 @@ async def redrive(conn: asyncpg.Connection, settings: Settings, run_id: str) -> 
         bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
     )
     await producer.start()
-    sent = []
+    covered: list[int] = []
+    items: set[tuple[str, str]] = set()
     try:
         for r in rows:
             try:
                 shard = decode(bytes(r["payload"]), Shard)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue  # poison carries no item: nothing to redrive
-            fresh = msgspec.structs.replace(shard, attempt=1, not_before=0.0, routed_to=None)
-            await producer.send_and_wait(topics.SHARDS, encode(fresh), key=run_id.encode())
-            sent.append(r["id"])
+            covered.append(r["id"])
+            # A worker that died before committing dead-letters its items again: send
+            # each item once however many letters it has.
+            todo = [i for i in shard.items if (shard.shard_id, i.id) not in items]
+            items.update((shard.shard_id, i.id) for i in todo)
+            if todo:
+                fresh = msgspec.structs.replace(shard, items=todo, attempt=1, not_before=0.0, routed_to=None)
+                await producer.send_and_wait(topics.SHARDS, encode(fresh), key=run_id.encode())
     finally:
         await producer.stop()
-    await conn.execute("UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", sent)
-    print(f"redrove {len(sent)} dead letter(s) of {run_id}", file=sys.stderr)
-    return len(sent)
+    await conn.execute("UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", covered)
+    print(f"redrove {len(items)} item(s) from {len(covered)} dead letter(s) of {run_id}", file=sys.stderr)
+    return len(items)
 
 
 # --------------------------------------------------------------------------- workers
@@ -609,7 +618,7 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(handler(args, settings))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
-    except (OSError, asyncpg.PostgresError) as exc:
+    except (OSError, asyncpg.PostgresError, KafkaError, MinioException, urllib3.exceptions.HTTPError) as exc:
         fail(f"{type(exc).__name__}: {exc} (is the stack up? `make up`)")
 
 

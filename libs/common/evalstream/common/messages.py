@@ -33,13 +33,29 @@ class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """Per job. Retries wait on eval.retry in the router, holding that partition: the cap
+    keeps one run's late retries from holding back the others' for long."""
+
     max_attempts: int = 3
     base_delay_s: float = 1.0
     multiplier: float = 4.0
+    max_delay_s: float = 60.0
 
     def delay_after(self, attempt: int) -> float:
         """Seconds to wait before attempt `attempt + 1`."""
-        return float(self.base_delay_s * self.multiplier ** max(0, attempt - 1))
+        return float(min(self.max_delay_s, self.base_delay_s * self.multiplier ** max(0, attempt - 1)))
+
+    def problems(self) -> list[str]:
+        out = []
+        if not 1 <= self.max_attempts <= 20:
+            out.append(f"max_attempts must be in 1..20, got {self.max_attempts}")
+        if not 0.0 <= self.base_delay_s <= 600.0:
+            out.append(f"base_delay_s must be in 0..600, got {self.base_delay_s}")
+        if not 1.0 <= self.multiplier <= 10.0:
+            out.append(f"multiplier must be in 1..10, got {self.multiplier}")
+        if not 0.0 <= self.max_delay_s <= 600.0:
+            out.append(f"max_delay_s must be in 0..600, got {self.max_delay_s}")
+        return out
 
 
 class ChatMessage(msgspec.Struct, frozen=True):

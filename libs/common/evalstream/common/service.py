@@ -30,8 +30,11 @@ from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.metrics import DEAD_LETTERED
 from evalstream.common.settings import Settings
 
-# A shard of a few hundred items with long prompts can exceed Kafka's 1 MB default.
+# Kafka's default limit (broker message.max.bytes, producer max.request.size). Messages we
+# build are kept under MESSAGE_BUDGET_BYTES: shards are cut by size as well as by count, and
+# a worker splits a large result into several messages (the aggregator takes any number).
 MAX_MESSAGE_BYTES = 1024 * 1024
+MESSAGE_BUDGET_BYTES = 900_000
 
 
 _service: dict[str, str] = {}

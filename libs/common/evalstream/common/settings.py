@@ -48,8 +48,6 @@ DEFAULTS: dict[str, str] = {
     "BATCH_TOKEN_BUDGET": "2048",
     "BATCH_MAX_WAIT_MS": "100",
     "BATCH_MAX_ITEMS": "64",
-    "MAX_ATTEMPTS": "3",
-    "RETRY_BASE_DELAY_S": "1.0",
     "HEARTBEAT_INTERVAL_S": "2.0",
     "MODEL_CACHE_DIR": "",
     "LOG_LEVEL": "INFO",
@@ -119,8 +117,6 @@ class Settings:
     batch_token_budget: int = int(DEFAULTS["BATCH_TOKEN_BUDGET"])
     batch_max_wait_ms: int = int(DEFAULTS["BATCH_MAX_WAIT_MS"])
     batch_max_items: int = int(DEFAULTS["BATCH_MAX_ITEMS"])
-    max_attempts: int = int(DEFAULTS["MAX_ATTEMPTS"])
-    retry_base_delay_s: float = float(DEFAULTS["RETRY_BASE_DELAY_S"])
     heartbeat_interval_s: float = float(DEFAULTS["HEARTBEAT_INTERVAL_S"])
     model_cache_dir: str = DEFAULTS["MODEL_CACHE_DIR"]
     log_level: str = DEFAULTS["LOG_LEVEL"]

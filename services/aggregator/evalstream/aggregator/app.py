@@ -88,7 +88,7 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     records = service.records_of(msg)
     letters, failures = [], []
     for record in records:
-        headers = {k: v.decode(errors="replace") for k, v in record.headers}
+        headers = {k: (v or b"").decode(errors="replace") for k, v in record.headers}
         shard: Shard | None = None
         # poison from some topic is recorded too, but it belongs to no item
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
@@ -122,7 +122,9 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
                     score=0.0,
                     error=error,
                     attempts=attempts,
-                    served_by=f"{shard.routed_to}/{shard.served_model or shard.model}" if shard.routed_to else "",
+                    served_by=f"{shard.routed_to}/{shard.served_model or shard.model}"
+                    if shard.routed_to
+                    else "",
                     category=item.category,
                 )
                 for item in shard.items
@@ -199,6 +201,15 @@ def _int(value: str | None) -> int | None:
 async def after_write(shards: set[tuple[str, str]]) -> None:
     """Mirror the touched shards to S3, then complete the runs that have every result."""
     s3 = state["s3"]
+    # Read and upload under one lock: the results and dead-letter handlers can touch the same
+    # shard at once, and the later upload must carry the later rows.
+    async with state["mirror_lock"]:
+        await mirror(s3, shards)
+    for run_id in sorted({r for r, _ in shards}):
+        await maybe_complete(run_id)
+
+
+async def mirror(s3: Any, shards: set[tuple[str, str]]) -> None:
     by_shard = await store().shards_rows(shards)
     # S3 round trips overlap in threads: one batch can touch hundreds of shards.
     await asyncio.gather(
@@ -207,21 +218,21 @@ async def after_write(shards: set[tuple[str, str]]) -> None:
             for (run_id, shard_id), rows in sorted(by_shard.items())
         )
     )
-    for run_id in sorted({r for r, _ in shards}):
-        await maybe_complete(run_id)
 
 
 async def maybe_complete(run_id: str) -> None:
     status, total, done = await store().progress(run_id)
     if total:
         RUN_PROGRESS.labels(run_id=run_id).set(done / total)
-    if status not in ("running", "completed") or total is None or done < total:
+    # Every item has its row, so every shard was published, even if the producer has not
+    # yet marked the run running (fast runs can finish before it does).
+    if status == "rejected" or total is None or done < total:
         return
     pool: asyncpg.Pool = state["pool"]
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "UPDATE runs SET status = 'completed', completed_at = coalesce(completed_at, now()), updated_at = now()"
-            " WHERE run_id = $1",
+        first = await conn.fetchval(
+            "UPDATE runs SET status = 'completed', completed_at = now(), updated_at = now()"
+            " WHERE run_id = $1 AND status <> 'completed' RETURNING true",
             run_id,
         )
         summary = await summarise(conn, run_id)
@@ -231,7 +242,7 @@ async def maybe_complete(run_id: str) -> None:
     await asyncio.to_thread(objects.write_report, state["s3"], settings.s3_bucket_results, run_id, summary)
     await save_report_html(run_id, summary)
     RUN_ACCURACY.labels(run_id=run_id).set(summary["accuracy"] or 0.0)
-    if status != "completed":
+    if first:  # one handler completes a run, even when results and dead letters race
         asyncio.get_running_loop().call_later(RUN_SERIES_TTL_S, forget_run, run_id)
         RUNS.labels(outcome="completed").inc()
         log.info("run %s completed: %d items, accuracy %s", run_id, total, summary["accuracy"])
@@ -275,7 +286,7 @@ def store() -> ResultStore:
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
-    state.update(pool=pool, store=ResultStore(pool), s3=storage.client(settings))
+    state.update(mirror_lock=asyncio.Lock(), pool=pool, store=ResultStore(pool), s3=storage.client(settings))
     try:
         yield
     finally:

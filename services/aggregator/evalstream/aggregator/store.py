@@ -60,7 +60,13 @@ INSERT_FAILURE = _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING r
 
 
 def _columns(results: Sequence[ItemResult]) -> list[list[Any]]:
-    return [[getattr(r, c) for r in results] for c in _COLUMNS]
+    return [[_storable(getattr(r, c)) for r in results] for c in _COLUMNS]
+
+
+def _storable(value: Any) -> Any:
+    """PostgreSQL text cannot hold NUL; a model may well emit one. Refusing the batch would
+    redeliver it for ever, so the character is replaced instead."""
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
 
 
 def _one_per_item(results: Iterable[ItemResult]) -> list[ItemResult]:

@@ -20,6 +20,7 @@ from minio import Minio
 
 from evalstream.common import keys, storage
 from evalstream.common.messages import Item, JobSpec, Shard, encode
+from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import Settings
 from evalstream.common.specs import grader_problem, spec_problem
 from evalstream.producer.datasets import DatasetError, LoadedDataset, Problem, load_dataset
@@ -57,8 +58,7 @@ def job_problems(job: JobSpec) -> list[Problem]:
         out.append(
             Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}")
         )
-    if not 1 <= job.retry.max_attempts <= 20:
-        out.append(Problem(line=None, field="retry.max_attempts", message="max_attempts must be in 1..20"))
+    out += [Problem(line=None, field="retry", message=m) for m in job.retry.problems()]
     if (
         job.prompt_template is not None
         and "{question}" not in job.prompt_template
@@ -78,8 +78,27 @@ def read_dataset(uri: str, s3: Minio) -> tuple[bytes, str]:
     return Path(uri).read_bytes(), os.path.basename(uri)
 
 
+def chunk_items(items: list[Item], max_items: int, max_bytes: int) -> list[list[Item]]:
+    """Consecutive chunks of at most `max_items` items and about `max_bytes` of JSON each:
+    a shard of long items must still fit in one Kafka message."""
+    chunks: list[list[Item]] = []
+    chunk: list[Item] = []
+    size = 0
+    for item in items:
+        n = len(encode(item))
+        if chunk and (len(chunk) >= max_items or size + n > max_bytes):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(item)
+        size += n
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
-    chunks = [items[i : i + job.shard_size] for i in range(0, len(items), job.shard_size)]
+    envelope = len(encode(job)) + 1024  # the job's fields travel in every shard
+    chunks = chunk_items(items, job.shard_size, MESSAGE_BUDGET_BYTES - envelope)
     return [
         Shard(
             run_id=run_id,

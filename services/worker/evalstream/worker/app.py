@@ -36,6 +36,7 @@ from evalstream.common.metrics import (
     STAGE_LATENCY,
     WORKER_HEARTBEAT,
 )
+from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves
 from evalstream.worker.cache import AnswerCache
@@ -136,6 +137,26 @@ async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) 
     STAGE_LATENCY.labels(stage="worker_batch").observe(time.monotonic() - started)
 
 
+def result_messages(payload: ShardResult) -> list[bytes]:
+    """The shard's results as one message, or several when they would not fit in one."""
+    data = encode(payload)
+    if len(data) <= MESSAGE_BUDGET_BYTES:
+        return [data]
+    if len(payload.results) == 1:  # one huge answer: keep its head, say so
+        r = payload.results[0]
+        cut = msgspec.structs.replace(
+            r,
+            response=(r.response or "")[: MESSAGE_BUDGET_BYTES // 8] + "\n[truncated to fit a message]",
+            extracted=(r.extracted or "")[:1000] or None,
+        )
+        return [encode(msgspec.structs.replace(payload, results=[cut]))]
+    half = len(payload.results) // 2
+    return [
+        *result_messages(msgspec.structs.replace(payload, results=payload.results[:half])),
+        *result_messages(msgspec.structs.replace(payload, results=payload.results[half:])),
+    ]
+
+
 async def publish_outcome(
     shards: list[Shard], outcome: Outcome, spans: Mapping[str, Span] | None = None
 ) -> None:
@@ -154,12 +175,12 @@ async def publish_outcome(
                 group=settings.worker_group,
                 results=results,
             )
-            sends.append(
+            sends += [
                 telemetry.in_span(
-                    span(shard.shard_id),
-                    broker.publish(encode(payload), topics.RESULTS, key=shard.run_id.encode()),
+                    span(shard.shard_id), broker.publish(data, topics.RESULTS, key=shard.run_id.encode())
                 )
-            )
+                for data in result_messages(payload)
+            ]
         ITEMS.labels(service="worker", status="succeeded").inc(len(results))
         ITEMS.labels(service="worker", status="cache_hit").inc(sum(r.cache_hit for r in results))
         SHARDS.labels(service="worker", outcome="done").inc()

@@ -36,5 +36,9 @@ class AnswerCache:
         await self.pool.executemany(
             "INSERT INTO answer_cache (key, model, response, prompt_tokens, completion_tokens)"
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO NOTHING",
-            [(k, m, a.response, a.prompt_tokens, a.completion_tokens) for k, m, a in entries],
+            # PostgreSQL text cannot hold NUL; the answer is cached without it
+            [
+                (k, m, a.response.replace("\x00", "\ufffd"), a.prompt_tokens, a.completion_tokens)
+                for k, m, a in entries
+            ],
         )

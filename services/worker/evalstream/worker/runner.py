@@ -9,11 +9,13 @@ event loop, and grades the answers. Items whose engine call failed come back as 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import asyncpg
 import msgspec
 
 from evalstream.common import telemetry
@@ -30,11 +32,12 @@ from evalstream.common.metrics import (
 )
 from evalstream.worker.batching import padding_ratio, plan_batches
 from evalstream.worker.cache import AnswerCache, CachedAnswer
-from evalstream.worker.engines.base import Engine, EngineError, GenRequest
+from evalstream.worker.engines.base import Engine, EngineError, GenOutput, GenRequest, TransientEngineError
 from evalstream.worker.grading import get_grader, resolve_grader
 from evalstream.worker.prompting import build_messages
 from evalstream.worker.sandbox import SandboxUnavailable
 
+log = logging.getLogger("evalstream.worker")
 GRADING_THREADS = 8
 # Graders that run programs or wait on a model go to threads; the rest are microseconds of
 # string work, cheaper inline than a thread hand-off per item.
@@ -97,7 +100,7 @@ class ModelRunner:
         # a shard that bypasses the cache (a reproduction) never reads it, even for a key
         # that another shard of the same round looked up
         readers = [p for p in pending if p.key and not p.shard.bypass_cache]
-        hits = await self.cache.get_many([p.key for p in readers if p.key]) if self.cache else {}
+        hits = await self._cache_lookup([p.key for p in readers if p.key])
         cached = {id(p) for p in readers if p.key in hits}
         misses = [p for p in pending if id(p) not in cached]
         answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]] = [
@@ -127,7 +130,7 @@ class ModelRunner:
                 PADDING_RATIO.observe(padding_ratio([p.prompt_tokens for p in batch]))
                 started = time.monotonic()
                 with telemetry.engine_span(batch[0].shard.model, batch[0].request.params, len(batch)) as span:
-                    outputs = await asyncio.to_thread(engine.generate, [p.request for p in batch])
+                    outputs = await asyncio.to_thread(self._generate, engine, [p.request for p in batch])
                     telemetry.record_usage(span, outputs)
                 elapsed = time.monotonic() - started
                 self.busy_s += elapsed
@@ -152,8 +155,7 @@ class ModelRunner:
                 TOKENS.labels(direction="in").inc(tokens_in)
                 TOKENS.labels(direction="out").inc(tokens_out)
                 self.recent_tokens += tokens_out
-        if self.cache:
-            await self.cache.put_many(fresh)
+        await self._cache_store(fresh)
         started = time.monotonic()
         graded, ungraded = await asyncio.to_thread(self._grade_all, answered)
         outcome.failures += ungraded
@@ -166,6 +168,38 @@ class ModelRunner:
         self.recent_latency_ms = self.recent_latency_ms[-2000:]
         self._update_busy()
         return outcome
+
+    @staticmethod
+    def _generate(engine: Engine, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        """An engine that raises instead of returning errors fails its requests transiently,
+        so they go through eval.retry and the DLQ instead of looping the whole batch."""
+        try:
+            outputs = engine.generate(requests)
+        except Exception as exc:
+            log.exception("engine %s raised on a batch of %d", engine.name, len(requests))
+            return [TransientEngineError(f"{type(exc).__name__}: {exc}") for _ in requests]
+        if len(outputs) != len(requests):
+            error = f"engine {engine.name} returned {len(outputs)} outputs for {len(requests)} requests"
+            return [TransientEngineError(error) for _ in requests]
+        return outputs
+
+    async def _cache_lookup(self, keys: list[str]) -> dict[str, CachedAnswer]:
+        """The cache only saves work: while PostgreSQL is unreachable, everything is a miss."""
+        if not self.cache or not keys:
+            return {}
+        try:
+            return await self.cache.get_many(keys)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("answer cache unavailable, treating %d lookups as misses: %s", len(keys), exc)
+            return {}
+
+    async def _cache_store(self, entries: list[tuple[str, str, CachedAnswer]]) -> None:
+        if not self.cache or not entries:
+            return
+        try:
+            await self.cache.put_many(entries)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("answer cache unavailable, %d answers not cached: %s", len(entries), exc)
 
     def _prepare(self, shards: list[Shard], outcome: Outcome) -> list[_Pending]:
         pending = []

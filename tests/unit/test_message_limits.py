@@ -1,0 +1,97 @@
+"""Every message we build fits Kafka's limit, retries wait a bounded time, and rows are
+storable: the guards that keep a partition from looping on one bad message."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalstream.aggregator.store import _one_per_item, _storable
+from evalstream.common.messages import GenerationParams, Item, ItemResult, RetryPolicy, ShardResult, encode
+from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.producer.intake import chunk_items
+from evalstream.worker.app import result_messages
+from evalstream.worker.engines.base import GenRequest, TransientEngineError
+from evalstream.worker.runner import ModelRunner
+
+
+def long_items(n: int, size: int) -> list[Item]:
+    return [Item(id=f"i{k}", question="x" * size, answer="1") for k in range(n)]
+
+
+def test_shards_are_cut_by_size_as_well_as_count() -> None:
+    items = long_items(40, 40_000)  # 32 of them would be 1.28 MB
+    chunks = chunk_items(items, max_items=32, max_bytes=MESSAGE_BUDGET_BYTES)
+    assert [i.id for c in chunks for i in c] == [i.id for i in items]
+    assert all(sum(len(encode(i)) for i in c) <= MESSAGE_BUDGET_BYTES for c in chunks)
+    assert len(chunks) == 2 and len(chunks[0]) == 22
+    assert [len(c) for c in chunk_items(long_items(70, 10), 32, MESSAGE_BUDGET_BYTES)] == [32, 32, 6]
+
+
+def result(i: int, size: int) -> ItemResult:
+    return ItemResult(
+        run_id="r",
+        item_id=f"i{i}",
+        shard_id="s",
+        response="y" * size,
+        extracted=None,
+        correct=False,
+        score=0.0,
+    )
+
+
+def test_large_shard_results_are_split_into_messages_that_fit() -> None:
+    payload = ShardResult(
+        run_id="r", shard_id="s", worker_id="w", group="g", results=[result(i, 30_000) for i in range(100)]
+    )
+    messages = result_messages(payload)
+    assert len(messages) > 1 and all(len(m) <= MESSAGE_BUDGET_BYTES for m in messages)
+    from evalstream.common.messages import decode
+
+    ids = [r.item_id for m in messages for r in decode(m, ShardResult).results]
+    assert ids == [f"i{i}" for i in range(100)]
+    huge = ShardResult(run_id="r", shard_id="s", worker_id="w", group="g", results=[result(0, 2_000_000)])
+    [one] = result_messages(huge)
+    assert len(one) <= MESSAGE_BUDGET_BYTES and b"truncated to fit a message" in one
+
+
+def test_retry_delays_are_capped_and_validated() -> None:
+    policy = RetryPolicy(max_attempts=20, base_delay_s=1.0, multiplier=4.0, max_delay_s=60.0)
+    assert [policy.delay_after(a) for a in (1, 2, 3, 4, 19)] == [1.0, 4.0, 16.0, 60.0, 60.0]
+    assert RetryPolicy(multiplier=0.5).problems() and RetryPolicy(base_delay_s=-1).problems()
+    assert RetryPolicy().problems() == []
+
+
+def test_one_row_per_item_in_a_batch_prefers_the_success() -> None:
+    failed = ItemResult(
+        run_id="r",
+        item_id="a",
+        shard_id="s",
+        response=None,
+        extracted=None,
+        correct=None,
+        score=0.0,
+        error="boom",
+    )
+    ok = result(0, 1)
+    ok = ItemResult(**{**{f: getattr(ok, f) for f in ok.__struct_fields__}, "item_id": "a"})
+    assert _one_per_item([failed, ok, failed]) == [ok]
+    assert _storable("a\x00b") == "a\ufffdb" and _storable(3) == 3
+
+
+class Raising:
+    name, revision, device, cacheable = "boom", "1", "cpu", False
+
+    def generate(self, requests: list[GenRequest]) -> list[object]:
+        raise RuntimeError("CUDA error: device-side assert")
+
+
+class Short(Raising):
+    def generate(self, requests: list[GenRequest]) -> list[object]:
+        return []
+
+
+@pytest.mark.parametrize("engine", [Raising(), Short()])
+def test_an_engine_that_breaks_fails_its_requests_transiently(engine: Raising) -> None:
+    requests = [GenRequest(item_id=f"i{i}", messages=[], params=GenerationParams()) for i in range(3)]
+    outputs = ModelRunner._generate(engine, requests)  # type: ignore[arg-type]
+    assert len(outputs) == 3 and all(isinstance(o, TransientEngineError) for o in outputs)
