@@ -299,6 +299,7 @@ def main() -> None:
     lm = LmEval(model_dir, max_tokens)
     try:
         c.log(f"lm-eval ready: {lm.ready}")
+        budget = c.Budget(420, 2)  # the sweep and the repeats
         sweep_out = []
         for bs in sweep:
             res = lm.evaluate(bs, limit)
@@ -309,7 +310,7 @@ def main() -> None:
         best = max(sweep_out, key=lambda r: r["items_per_s"])["batch_size"]
         gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
         reps: list[dict[str, Any]] = []
-        for r in range(repeats):
+        for r in budget.range(repeats):
             c.clear_answer_cache()
 
             def pipe(r: int = r) -> tuple[c.PipelineRun, dict[str, float]]:
@@ -368,6 +369,7 @@ def main() -> None:
     c.write_result(
         NAME,
         {
+            "time_allowance": budget.as_dict(),
             "params": {
                 "questions": len(used),
                 "max_tokens": max_tokens,

@@ -85,7 +85,7 @@ def main() -> None:
     args = c.arg_parser(__doc__).parse_args()
     started = time.monotonic()
     c.use_bench_stack()  # for the settings' MODEL_CACHE_DIR and batch defaults only
-    n, max_tokens, repeats = (8, 16, 1) if args.quick else (32, 48, 3)
+    n, max_tokens, repeats = (8, 16, 1) if args.quick else (24, 40, 3)
     rows = mixed_rows(n, seed=6)
     engine = c.load_engine()
     prepared = c.prepare(engine, rows, max_tokens, grader="exact", prompt_template="{question}")
@@ -100,7 +100,8 @@ def main() -> None:
     )
     names = list(policies)
     per: dict[str, list[dict[str, Any]]] = {p: [] for p in names}
-    for r in range(repeats):
+    budget = c.Budget(240, 1)
+    for r in budget.range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for p in order:
             run = c.run_engine(engine, prepared, policies[p])
@@ -148,6 +149,7 @@ def main() -> None:
     c.write_result(
         NAME,
         {
+            "time_allowance": budget.as_dict(),
             "params": {
                 "items": n,
                 "max_tokens": max_tokens,

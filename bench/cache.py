@@ -28,10 +28,11 @@ def main() -> None:
     started = time.monotonic()
     c.use_bench_stack()
     c.ensure_up()
-    n, max_tokens, repeats = (8, 16, 1) if args.quick else (64, 32, 3)
+    n, max_tokens, repeats = (8, 16, 1) if args.quick else (32, 32, 3)
     gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
     reps: list[dict[str, Any]] = []
-    for r in range(repeats):
+    budget = c.Budget(150, 2)
+    for r in budget.range(repeats):
         rows = c.arithmetic_rows(n, seed=400 + r, prefix=f"c{r}-")
         c.clear_answer_cache()
         before = c.engine_calls()
@@ -67,6 +68,7 @@ def main() -> None:
     c.write_result(
         NAME,
         {
+            "time_allowance": budget.as_dict(),
             "params": {"items": n, "max_tokens": max_tokens, "repeats": repeats, "model": c.DEFAULT_MODEL},
             "repeats": reps,
             "speedup": speed,

@@ -926,3 +926,40 @@ def wait_pipeline_ready(timeout: float = 120) -> float:
                 return time.monotonic() - t0
         time.sleep(0.2)
     raise TimeoutError("the router never saw a live worker")
+
+
+class Budget:
+    """Wall-time allowance of a benchmark's repeats, so that `make bench` stays within its
+    30 minutes on a machine shared with other work: once spent, no further repeat starts
+    (after the minimum). BENCH_TIME_SCALE multiplies every allowance."""
+
+    def __init__(self, seconds: float, min_repeats: int) -> None:
+        self.seconds = seconds * float(os.environ.get("BENCH_TIME_SCALE", "1"))
+        self.min_repeats = min_repeats
+        self.t0 = time.monotonic()
+        self.stopped_early = False
+
+    def another(self, done: int, wanted: int) -> bool:
+        """Whether repeat number `done` (0-based) should run."""
+        if done >= wanted:
+            return False
+        if done >= self.min_repeats and time.monotonic() - self.t0 > self.seconds:
+            log(f"time allowance of {self.seconds:.0f} s spent: stopping after {done} repeats")
+            self.stopped_early = True
+            return False
+        return True
+
+    def range(self, wanted: int) -> Iterator[int]:
+        """0, 1, … up to `wanted` repeats, fewer once the allowance is spent."""
+        done = 0
+        while self.another(done, wanted):
+            yield done
+            done += 1
+        self.done = done
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "allowance_s": self.seconds,
+            "repeats_done": getattr(self, "done", None),
+            "stopped_early": self.stopped_early,
+        }

@@ -58,7 +58,8 @@ def main() -> None:
     c.log(f"{n} items, max_tokens {max_tokens}, direct plan {[len(b) for b in plan]}")
 
     repeats_out: list[dict[str, Any]] = []
-    for r in range(repeats):
+    budget = c.Budget(200, 3)
+    for r in budget.range(repeats):
         c.clear_answer_cache()
 
         def direct() -> c.EngineRun:
@@ -105,6 +106,7 @@ def main() -> None:
     c.write_result(
         NAME,
         {
+            "time_allowance": budget.as_dict(),
             "params": {
                 "items": n,
                 "repeats": repeats,

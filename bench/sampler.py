@@ -30,13 +30,46 @@ from types import FrameType
 Stack = tuple[str, ...]
 
 
+# label -> the package whose code it is: "evalstream/<component>", a site-packages
+# distribution ("aiokafka"), or "stdlib/<module>"
+PACKAGE_OF: dict[str, str] = {}
+
+
+def package_of(path: str) -> str:
+    parts = Path(path).parts
+    if "site-packages" in parts:
+        i = parts.index("site-packages")
+        pkg = parts[i + 1] if i + 1 < len(parts) else "?"
+        return pkg.removesuffix(".py")
+    if "evalstream" in parts:
+        i = len(parts) - 1 - parts[::-1].index("evalstream")
+        return "evalstream/" + (parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else "?")
+    for i, part in enumerate(parts):
+        if part.startswith("python3") and i + 1 < len(parts):
+            return "stdlib/" + parts[i + 1].removesuffix(".py")
+    return "other"
+
+
 def frame_label(frame: FrameType) -> str:
     code = frame.f_code
     path = code.co_filename
     parts = Path(path).parts
     # site-packages/<pkg>/…: keep the package-relative tail, enough to know what it is
     short = "/".join(parts[-3:]) if len(parts) >= 3 else path
-    return f"{code.co_name} ({short}:{code.co_firstlineno})"
+    label = f"{code.co_name} ({short}:{code.co_firstlineno})"
+    if label not in PACKAGE_OF:
+        PACKAGE_OF[label] = package_of(path)
+    return label
+
+
+def owner(stack: Stack) -> str:
+    """Whose code a sample is in: the innermost frame outside the standard library (the
+    code that asked asyncio, socket or threading to do the work), else the leaf's module."""
+    for label in reversed(stack):
+        pkg = PACKAGE_OF.get(label, "other")
+        if not pkg.startswith(("stdlib/", "other", "<frozen")):
+            return pkg
+    return PACKAGE_OF.get(stack[-1], "other") if stack else "other"
 
 
 def stack_of(frame: FrameType | None, limit: int = 80) -> Stack:
@@ -73,18 +106,22 @@ def thread_cpu_ns(native_id: int) -> int | None:
 
 
 def summarize(stacks: dict[Stack, int], top: int = 25) -> dict[str, object]:
-    """Self time (leaf frame) and inclusive time (anywhere on the stack) per function."""
+    """Self time (leaf frame) and inclusive time (anywhere on the stack) per function, and
+    busy time per package (whose code asked for it)."""
     total = sum(stacks.values()) or 1  # microseconds
     self_t: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
+    pkgs: collections.Counter[str] = collections.Counter()
     for stack, ns in stacks.items():
         if not stack:
             continue
         self_t[stack[-1]] += ns
+        pkgs[owner(stack)] += ns
         for label in set(stack):
             incl[label] += ns
     return {
         "sampled_busy_s": round(total / 1e6, 3),
+        "by_package": [{"package": k, "share": round(v / total, 4)} for k, v in pkgs.most_common(12)],
         "self": [{"function": k, "share": round(v / total, 4)} for k, v in self_t.most_common(top)],
         "inclusive": [{"function": k, "share": round(v / total, 4)} for k, v in incl.most_common(top)],
     }

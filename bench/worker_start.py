@@ -165,7 +165,8 @@ def main() -> None:
     c.restart(["router"], env={"ROUTER_NO_GROUP_TIMEOUT_S": "900"})
     try:
         cold = one_start(cache_dir, "cold", 0)
-        warm = [one_start(cache_dir, "warm", 1 + i) for i in range(warm_repeats)]
+        budget = c.Budget(150, 2)
+        warm = [one_start(cache_dir, "warm", 1 + i) for i in budget.range(warm_repeats)]
     finally:
         c.stack("stop", "worker-0")
         c.set_worker_env({})  # the router's restart brings the default worker back
@@ -177,6 +178,7 @@ def main() -> None:
     c.write_result(
         NAME,
         {
+            "time_allowance": budget.as_dict(),
             "params": {"model": c.DEFAULT_MODEL, "warm_repeats": warm_repeats},
             "cold": cold,
             "warm": warm,

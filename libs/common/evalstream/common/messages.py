@@ -114,6 +114,7 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
     attempt: int = 1
     not_before: float = 0.0  # unix time; set on eval.retry
+    parked_at: float = 0.0  # unix time the router first found no healthy group for it
     worker_group: str | None = None  # pinned by the job, else chosen by the router
     routed_to: str | None = None  # worker group chosen by the router
     served_model: str | None = None  # model of that group, when it differs (SLA fallback)

@@ -32,6 +32,8 @@ DEFAULTS: dict[str, str] = {
     "WORKER_MAX_POLL_INTERVAL_MS": "3600000",
     "ROUTER_HEARTBEAT_TIMEOUT_S": "15",
     "ROUTER_NO_GROUP_TIMEOUT_S": "120",
+    "ROUTER_PARK_AFTER_S": "5",
+    "ROUTER_PARK_TIMEOUT_S": "3600",
     "ROUTER_POLICY": "weighted",
     "ROUTER_WEIGHTS": "lag=0.4,latency=0.3,gpu=0.15,memory=0.15",
     "ROUTER_MAX_LAG": "32",
@@ -97,6 +99,10 @@ class Settings:
     worker_max_poll_interval_ms: int = int(DEFAULTS["WORKER_MAX_POLL_INTERVAL_MS"])
     router_heartbeat_timeout_s: float = float(DEFAULTS["ROUTER_HEARTBEAT_TIMEOUT_S"])
     router_no_group_timeout_s: float = float(DEFAULTS["ROUTER_NO_GROUP_TIMEOUT_S"])
+    # A shard whose groups are all dead stops blocking its partition after this long: it is
+    # parked on the retry topic and tried again, until ROUTER_PARK_TIMEOUT_S dead-letters it.
+    router_park_after_s: float = float(DEFAULTS["ROUTER_PARK_AFTER_S"])
+    router_park_timeout_s: float = float(DEFAULTS["ROUTER_PARK_TIMEOUT_S"])
     # weighted | least_outstanding | consistent_hash | round_robin (router/policy.py)
     router_policy: str = DEFAULTS["ROUTER_POLICY"]
     router_weights: str = DEFAULTS["ROUTER_WEIGHTS"]  # base weights of the weighted score

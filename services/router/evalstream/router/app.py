@@ -12,8 +12,11 @@ the partitions whose head shard needs it, and the router holds at most one shard
 consumer plus aiokafka's bounded prefetch (one fetch per partition): memory stays bounded
 however long the queue upstream grows, and the backlog stays in Kafka.
 
-While no healthy group serves a shard's model it waits too; if no group has *ever* served
-it for ROUTER_NO_GROUP_TIMEOUT_S, its items are dead-lettered so that the run still ends.
+While no healthy group serves a shard's model it waits too, but only ROUTER_PARK_AFTER_S:
+then it is parked on the retry topic (tried again a few seconds later), so that one run
+pinned to a dead group never stalls the other runs sharing its partition. If no group has
+*ever* served its model for ROUTER_NO_GROUP_TIMEOUT_S, or its groups stay dead for
+ROUTER_PARK_TIMEOUT_S, its items are dead-lettered so that the run still ends.
 
 ROUTER_SHARDS_TOPIC / ROUTER_RETRY_TOPIC replace the input topics (a benchmark or test
 router of its own, next to the stack's, on the same broker); ROUTER_GROUPS limits the worker
@@ -47,6 +50,8 @@ config = RouterConfig.from_settings(settings)
 broker = service.make_broker(settings, "router")
 router = Router(config)
 NO_GROUP_TIMEOUT_S = settings.router_no_group_timeout_s
+PARK_INTERVAL_S = 5.0  # a parked shard is looked at again this often
+_parking: dict[tuple[str, str | None], float] = {}  # (model, pinned group) -> last parked (monotonic)
 SHARDS_TOPIC = settings.router_shards_topic or topics.SHARDS
 RETRY_TOPIC = None if settings.router_retry_topic == "none" else settings.router_retry_topic or topics.RETRY
 state: dict[str, Any] = {"stopping": False}
@@ -105,20 +110,35 @@ async def route(msg: KafkaMessage) -> None:
     wait = shard.not_before - time.time()
     if wait > 0:  # a retry: hold this partition (eval.retry only) until it is due
         await asyncio.sleep(wait)
-    deadline = time.monotonic() + NO_GROUP_TIMEOUT_S
+    parked_at = shard.parked_at or time.time()
+    target = (shard.model, shard.worker_group)
+    # the shards behind one that was just parked for the same reason park at once
+    park_from = min(
+        time.monotonic() + settings.router_park_after_s, _parking.get(target, 0.0) + PARK_INTERVAL_S
+    )
 
-    def unroutable(reason: Blocked) -> bool:
-        return (
-            reason is Blocked.NO_GROUP
-            and time.monotonic() > deadline
-            and not router.fleet.known(shard.model, shard.worker_group)
+    def give_up(reason: Blocked) -> bool:
+        return reason is Blocked.NO_GROUP and (
+            time.monotonic() > park_from or (not RETRY_TOPIC and unroutable())
         )
 
-    placement = await place(shard, unroutable)
-    if not isinstance(placement, Placement):
-        await dead_letter_unroutable(shard, record)
-    elif still_assigned(record):
-        await forward(shard, placement, "routed")
+    def unroutable() -> bool:
+        waited = time.time() - parked_at
+        if router.fleet.known(shard.model, shard.worker_group):
+            return waited > settings.router_park_timeout_s
+        return waited > NO_GROUP_TIMEOUT_S
+
+    placement = await place(shard, give_up)
+    if isinstance(placement, Placement):
+        if still_assigned(record):
+            await forward(shard, placement, "routed")
+    elif unroutable():
+        await dead_letter_unroutable(shard, record, time.time() - parked_at)
+    elif RETRY_TOPIC and still_assigned(record):
+        parked = msgspec.structs.replace(shard, parked_at=parked_at, not_before=time.time() + PARK_INTERVAL_S)
+        await broker.publish(encode(parked), RETRY_TOPIC, key=shard.run_id.encode())
+        _parking[target] = time.monotonic()
+        SHARDS.labels(service="router", outcome="parked").inc()
 
 
 async def rescue(shard: Shard | None, record: service.Record, stopping: Callable[[], bool]) -> bool | None:
@@ -139,9 +159,9 @@ async def rescue(shard: Shard | None, record: service.Record, stopping: Callable
     return None if stopping() else False
 
 
-async def dead_letter_unroutable(shard: Shard, record: object) -> None:
+async def dead_letter_unroutable(shard: Shard, record: object, waited_s: float) -> None:
     where = f"group {shard.worker_group!r}" if shard.worker_group else "any worker group"
-    error = f"no healthy worker group serves model {shard.model!r} ({where}) after {NO_GROUP_TIMEOUT_S:.0f}s"
+    error = f"no healthy worker group serves model {shard.model!r} ({where}) after {waited_s:.0f}s"
     log.warning("shard %s: %s", shard.shard_id, error)
     for item in shard.items:
         one = msgspec.structs.replace(shard, items=[item])
