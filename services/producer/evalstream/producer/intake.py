@@ -29,6 +29,7 @@ from evalstream.producer.manifest import build_manifest, manifest_sha256
 log = logging.getLogger("evalstream.producer")
 
 MAX_SHARD_SIZE = 1000
+PUBLISH_WINDOW = 256  # shards in flight at once while publishing a run
 
 Publish = Callable[[bytes, str], Awaitable[None]]  # (payload, key) -> durable on the broker
 
@@ -126,6 +127,13 @@ def stored_copy(items: list[Item]) -> bytes:
     return b"".join(encode(i) + b"\n" for i in items)
 
 
+async def publish_all(payloads: list[bytes], key: str, publish: Publish) -> None:
+    """Publishes in windows of PUBLISH_WINDOW: thousands of sends at once outrun the Kafka
+    client's buffer and time out, failing (and redelivering) the whole job."""
+    for start in range(0, len(payloads), PUBLISH_WINDOW):
+        await asyncio.gather(*(publish(p, key) for p in payloads[start : start + PUBLISH_WINDOW]))
+
+
 class Intake:
     def __init__(self, settings: Settings, pool: asyncpg.Pool, s3: Minio) -> None:
         self.settings = settings
@@ -184,7 +192,7 @@ class Intake:
         )
         await self._record_version(loaded, stored_uri, run_id, from_store=stored_uri == job.dataset)
         # Every shard is acknowledged by the broker before the run counts as published.
-        await asyncio.gather(*(publish(encode(s), run_id) for s in shards))
+        await publish_all([encode(s) for s in shards], run_id, publish)
         await self.pool.execute(
             "UPDATE runs SET status = 'running', published_at = now(), updated_at = now()"
             " WHERE run_id = $1 AND status = 'validating'",
