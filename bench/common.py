@@ -566,8 +566,10 @@ def arithmetic_rows(n: int, seed: int, prefix: str = "q") -> list[dict[str, Any]
     rnd = random.Random(seed)
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
+    # two-digit numbers while they leave room (3 ops × 90 × 8 questions), larger beyond
+    hi = 99 if n <= 1000 else 10 ** (len(str(n)) + 1) - 1
     while len(rows) < n:
-        a, b = rnd.randint(10, 99), rnd.randint(2, 9)
+        a, b = rnd.randint(10, hi), rnd.randint(2, 9)
         op = ("+", "-", "*")[len(rows) % 3]
         question = f"What is {a} {op} {b}?"
         if question in seen:

@@ -5,7 +5,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cache=${EVALSTREAM_CACHE:-$HOME/.cache/evalstream}
-key=$(cat "$root/requirements.lock" "$root/ops/local/venv.sh" | sha256sum | cut -c1-16)
+# Bump LAYOUT when the install steps below change; editing comments must not cost a 3 GB rebuild.
+LAYOUT=1
+key=$( (cat "$root/requirements.lock"; echo "layout $LAYOUT") | sha256sum | cut -c1-16)
 venv=$cache/venv-$key
 python=${PYTHON:-python3}
 
@@ -25,4 +27,7 @@ fi
 # Re-run every time: cheap, and it follows the checkout the link is made from.
 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$root" >/dev/null
 ln -sfn "$venv" "$root/.venv"
+# Keep the two most recently made environments (this one and its predecessor); older lock
+# versions' environments are 3 GB each.
+ls -dt "$cache"/venv-* 2>/dev/null | tail -n +3 | xargs -r rm -rf
 echo "$venv"

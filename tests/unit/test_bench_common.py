@@ -152,3 +152,4 @@ def test_arithmetic_rows_are_distinct_and_deterministic() -> None:
     assert rows == c.arithmetic_rows(300, seed=7)
     assert rows != c.arithmetic_rows(300, seed=8)
     assert all(str(eval(r["question"][8:-1])) == r["answer"] for r in rows)
+    assert len({r["question"] for r in c.arithmetic_rows(5000, seed=1)}) == 5000  # beyond two digits
