@@ -6,7 +6,9 @@ answer cache emptied first. Direct: the same HFEngine (same cached safetensors, 
 threads) in this process, on the same questions rendered the same way, same generation
 settings, cut by the worker's batching plan (plan_batches with BATCH_TOKEN_BUDGET and
 BATCH_MAX_ITEMS). Headline: pipeline items/s ÷ direct items/s, per repeat (the two arms
-alternate which goes first), median. Goal ≥ 0.90.
+alternate which goes first), median over the repeats whose two arms saw the same outside
+load (other work on the shared machine, from /proc/stat less this benchmark's own
+processes, within 0.25 cores; all repeats if fewer than two qualify). Goal ≥ 0.90.
 """
 
 from __future__ import annotations
@@ -62,12 +64,21 @@ def main() -> None:
     for r in budget.range(repeats):
         c.clear_answer_cache()
 
-        def direct() -> c.EngineRun:
-            return c.run_engine(engine, prepared, plan)
+        foreign: dict[str, float] = {}
 
-        def pipeline(r: int = r) -> tuple[c.PipelineRun, dict[str, float]]:
+        def direct(foreign: dict[str, float] = foreign) -> c.EngineRun:
+            other = c.Interference()
+            run = c.run_engine(engine, prepared, plan)
+            foreign["direct"] = other.cores()
+            return run
+
+        def pipeline(
+            r: int = r, foreign: dict[str, float] = foreign
+        ) -> tuple[c.PipelineRun, dict[str, float]]:
             before = c.engine_calls()
+            other = c.Interference()
             run = c.run_pipeline(rows, *gen, name=f"bench-engine-{r}")
+            foreign["pipeline"] = other.cores()
             return run, c.delta(c.engine_calls(), before)
 
         if r % 2 == 0:
@@ -81,7 +92,8 @@ def main() -> None:
         busy = calls["engine_busy_s"] / p.elapsed_s if p.elapsed_s else 0.0
         c.log(
             f"repeat {r}: pipeline {p.items_per_s:.3f} items/s ({p.elapsed_s:.1f} s, {calls['batches']:.0f} batches, "
-            f"engine busy {busy:.0%}), direct {d.items_per_s:.3f} items/s ({d.seconds:.1f} s) -> ratio {ratio:.3f}"
+            f"engine busy {busy:.0%}), direct {d.items_per_s:.3f} items/s ({d.seconds:.1f} s) -> ratio {ratio:.3f}; "
+            f"other work on the machine: {foreign['pipeline']:.2f} / {foreign['direct']:.2f} cores"
         )
         if p.cache_hits or p.failed:
             c.log(f"warning: {p.cache_hits} cache hits, {p.failed} failures in {p.run_id}")
@@ -98,10 +110,14 @@ def main() -> None:
                     "completion_tokens": d.completion_tokens,
                 },
                 "same_answers": round(same, 3),
+                "other_load_cores": {"pipeline": foreign["pipeline"], "direct": foreign["direct"]},
                 "ratio": round(ratio, 4),
             }
         )
-    ratio_s = c.summarize([x["ratio"] for x in repeats_out])
+    ratio_s = c.headline(
+        [x["ratio"] for x in repeats_out],
+        [(x["other_load_cores"]["pipeline"], x["other_load_cores"]["direct"]) for x in repeats_out],
+    )
     med = ratio_s["median"]
     c.write_result(
         NAME,
@@ -126,7 +142,7 @@ def main() -> None:
                     "1",
                     "engine efficiency (pipeline ÷ direct engine, items/s)",
                     f"≥ {GOAL:.2f}",
-                    f"{c.fmt_num(med)} (median of {ratio_s['n']}; {c.fmt_num(ratio_s['min'])}–{c.fmt_num(ratio_s['max'])})",
+                    c.headline_text(ratio_s),
                     med is not None and med >= GOAL,
                     f"{n} items, max_tokens {max_tokens}, default model on CPU; "
                     f"pipeline {c.fmt_num(c.summarize([x['pipeline']['items_per_s'] for x in repeats_out])['median'])} items/s",

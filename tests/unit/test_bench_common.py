@@ -153,3 +153,19 @@ def test_arithmetic_rows_are_distinct_and_deterministic() -> None:
     assert rows != c.arithmetic_rows(300, seed=8)
     assert all(str(eval(r["question"][8:-1])) == r["answer"] for r in rows)
     assert len({r["question"] for r in c.arithmetic_rows(5000, seed=1)}) == 5000  # beyond two digits
+
+
+def test_parse_cpu_busy_ticks() -> None:
+    stat = "cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 50 2 25 500 10 1 1 3 0 0\n"
+    assert c.parse_cpu_busy_ticks(stat) == 100 + 5 + 50 + 3 + 2 + 7
+
+
+def test_headline_prefers_repeats_under_the_same_outside_load() -> None:
+    values = [1.0, 3.4, 1.1, 0.9]
+    foreign = [(0.1, 0.2), (0.1, 1.5), (0.3, 0.3), (0.6, 0.5)]
+    assert c.quiet_pairs(foreign) == [0, 2, 3]
+    h = c.headline(values, foreign)
+    assert h["median"] == 1.0 and h["of_repeats"] == [0, 2, 3] and not h["noisy"]
+    assert h["all_repeats"]["median"] == 1.05
+    noisy = c.headline([1.0, 3.0], [(0.0, 1.0), (0.0, 1.0)])
+    assert noisy["noisy"] and noisy["median"] == 2.0 and noisy["of_repeats"] == [0, 1]

@@ -16,7 +16,7 @@ import asyncpg
 
 from evalstream.common.messages import ItemResult
 
-_COLUMNS = (
+RESULT_COLUMNS = (
     "run_id",
     "item_id",
     "shard_id",
@@ -46,9 +46,9 @@ _TYPES = {
     "truncated": "boolean",
 }
 # One statement per batch: every column as an array, unnested server-side.
-_UNNEST = ", ".join(f"${i + 1}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(_COLUMNS))
-_UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[2:]) + ", recorded_at = now()"
-_INSERT = f"INSERT INTO item_results ({', '.join(_COLUMNS)}) SELECT * FROM unnest({_UNNEST}) "
+_UNNEST = ", ".join(f"${i + 1}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(RESULT_COLUMNS))
+_UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in RESULT_COLUMNS[2:]) + ", recorded_at = now()"
+_INSERT = f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)}) SELECT * FROM unnest({_UNNEST}) "
 
 # `xmax = 0` tells a fresh insert from an update: only inserts add to a run's count.
 UPSERT_SUCCESS = (
@@ -60,7 +60,7 @@ INSERT_FAILURE = _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING r
 
 
 def _columns(results: Sequence[ItemResult]) -> list[list[Any]]:
-    return [[_storable(getattr(r, c)) for r in results] for c in _COLUMNS]
+    return [[_storable(getattr(r, c)) for r in results] for c in RESULT_COLUMNS]
 
 
 def _storable(value: Any) -> Any:
@@ -153,7 +153,7 @@ class ResultStore:
         """Every row of the given (run_id, shard_id) shards, in one query, by shard."""
         keys = sorted(set(shards))
         rows = await self.pool.fetch(
-            f"SELECT {', '.join(_COLUMNS)} FROM item_results"
+            f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results"
             " WHERE (run_id, shard_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY item_id",
             [k[0] for k in keys],
             [k[1] for k in keys],
