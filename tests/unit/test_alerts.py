@@ -27,7 +27,7 @@ FOREIGN = re.compile(r"^(faststream_|process_|python_|up$|scrape_)")
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("promtool")
     if exe is None:
-        pytest.skip("promtool is not installed (Debian package prometheus; `make up` installs it)")
+        pytest.fail("promtool is not installed (Debian package prometheus; `make up` installs it)")
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, cwd=RULES)
 
 
