@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -384,10 +384,6 @@ def stack(*args: str, env: Mapping[str, str] | None = None, quiet: bool = True) 
         raise RuntimeError(
             f"stack.py {' '.join(args)} failed:\n{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}"
         )
-
-
-# What the bench stack's worker serves unless a benchmark says otherwise (the default).
-WORKER_DEFAULTS: dict[str, str] = {}
 
 
 def ensure_up(worker_env: Mapping[str, str] | None = None, workers: int = 1) -> None:
@@ -812,10 +808,6 @@ def engine_calls(name: str = "worker-0") -> dict[str, float]:
 
 def delta(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
     return {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
-
-
-def repeat(n: int, fn: Callable[[int], Any]) -> list[Any]:
-    return [fn(i) for i in range(n)]
 
 
 def clear_answer_cache() -> int:
