@@ -68,3 +68,7 @@ def spawn(tmp_path: Path) -> Iterator[object]:
     yield _spawn
     for p in procs:
         p.stop()
+        # pytest shows captured output only when the test fails: then the services' own
+        # account of what happened is right there (CI keeps no tmp_path).
+        if p.log.exists():
+            print(f"----- {p.module} ({p.log}), last lines -----\n{p.log.read_text()[-6000:]}")

@@ -194,7 +194,7 @@ async def test_router_stops_taking_shards_while_every_group_is_saturated(
         async def routed() -> int:
             return sum((await topic_end_offsets(bootstrap, work)).values())
 
-        await wait_until(lambda: _at_least(routed, 3), 30, what="the first shards to be routed")
+        await wait_until(lambda: _at_least(routed, 3), 60, what="the first shards to be routed")
         await asyncio.sleep(3)  # several lag reads later: still exactly the bound, nothing more
         assert await routed() == 3
         assert metric(port, "evalstream_router_backpressure_waiting") == 1.0

@@ -87,13 +87,18 @@ def make_app(
     on_shutdown: Sequence[Callable[[], Awaitable[None]]] = (),
     prefix_routes: Sequence[tuple[str, ASGIApp]] = (),
 ) -> AsgiFastStream:
-    """/healthz: the process serves HTTP (liveness). /readyz: the broker answers and every
-    service-specific check passes (a worker's model is loaded, the database answers).
+    """/healthz: the process serves HTTP (liveness). /readyz: the app has started (its
+    subscribers consume), the broker answers and every service-specific check passes (a
+    worker's model is loaded, the database answers).
 
     Order: `lifespan` enters before the broker connects and exits after it stopped;
     `after_startup` runs once it is connected, `on_shutdown` before it disconnects.
     `prefix_routes` serve every path under a prefix (FastStream matches exact paths only)."""
     broker_ping = make_ping_asgi(broker, timeout=5.0, include_in_schema=False)
+    started = asyncio.Event()  # every subscriber has joined its group and consumes
+
+    async def mark_started() -> None:
+        started.set()
 
     @get(include_in_schema=False)
     async def healthz(scope: Any) -> AsgiResponse:
@@ -101,6 +106,8 @@ def make_app(
 
     @get(include_in_schema=False)
     async def readyz(scope: Any) -> AsgiResponse:
+        if not started.is_set():
+            return AsgiResponse(b"starting: subscribers not consuming yet\n", 503)
         if not await broker.ping(5.0):
             return AsgiResponse(b"broker unreachable\n", 503)
         for check in ready_checks:
@@ -111,7 +118,7 @@ def make_app(
     app = _App(
         broker,
         lifespan=lifespan,
-        after_startup=after_startup,
+        after_startup=[*after_startup, mark_started],
         on_shutdown=on_shutdown,
         asgi_routes=[
             ("/healthz", healthz),

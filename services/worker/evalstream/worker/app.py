@@ -22,6 +22,7 @@ from faststream.kafka.annotations import KafkaMessage
 from opentelemetry.trace import Span
 
 from evalstream.common import db, logs, service, telemetry, topics
+from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.messages import Heartbeat, Shard, ShardResult, WorkerStatus, decode, encode
 from evalstream.common.metrics import (
     CPU_UTILIZATION,
@@ -267,6 +268,9 @@ async def heartbeat_loop() -> None:
 
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
+    # A worker of a new group creates its work topic: otherwise it would wait for one that
+    # nobody makes, and never send a heartbeat (idempotent; concurrent creations are harmless).
+    await ensure_topics(settings.kafka_bootstrap, [settings.worker_group])
     # Load the group's main model before consuming, so the first shard doesn't wait for it.
     first = next((s.strip() for s in settings.worker_model.split(",") if "*" not in s and s.strip()), None)
     if first:
