@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))  # for tests.* helpers when run as a script
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 
 from evalstream.common import topics  # noqa: E402
-from evalstream.common.bootstrap import ensure_topics  # noqa: E402
 from evalstream.common.lag import group_lag  # noqa: E402
 from evalstream.common.messages import GenerationParams, JobSpec, Shard, ShardResult, decode  # noqa: E402
 from evalstream.common.settings import Settings  # noqa: E402
+from evalstream.common.topics_admin import ensure_topics  # noqa: E402
 from tests.e2e.helpers import arithmetic_items, write_jsonl  # noqa: E402
 from tests.e2e.test_router_e2e import (  # noqa: E402
     create_topic,

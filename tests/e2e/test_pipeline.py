@@ -15,9 +15,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from evalstream.common import topics
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, Shard, decode, encode
 from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.engines.chaos import FaultPlan
 from tests.e2e.helpers import (
     ROOT,

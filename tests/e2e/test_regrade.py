@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from evalstream.common import storage
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import EVALCTL, ROOT, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider
 from tests.support import free_port, unique

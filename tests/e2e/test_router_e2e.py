@@ -23,10 +23,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from evalstream.common import db, storage, topics
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.lag import group_lag
 from evalstream.common.messages import GenerationParams, Heartbeat, Item, JobSpec, Shard, decode, encode
 from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from evalstream.producer.intake import Intake
 from tests.e2e.helpers import arithmetic_items, result_rows, run_status, write_jsonl
 from tests.support import read_topic_since, topic_end_offsets, unique, wait_until

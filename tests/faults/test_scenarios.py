@@ -21,8 +21,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from evalstream.common import topics
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.engines.chaos import FaultPlan
 from tests.faults.harness import (
     check_invariant,

@@ -17,12 +17,18 @@ from evalstream.cli.datasets_cmd import diff_items, read_items
 from evalstream.common import versions
 from evalstream.common.messages import ChatMessage, Item
 from evalstream.producer.datasets import load_dataset, sample_path
-from evalstream.producer.intake import stored_copy
+from evalstream.producer.intake import write_stored_copy
 
 RECORDS: list[dict[str, Any]] = [
     {"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i), "category": "arithmetic"}
     for i in range(20)
 ]
+
+
+def stored_copy(items: list[Item]) -> bytes:
+    out = io.BytesIO()
+    write_stored_copy(items, out)
+    return out.getvalue()
 
 
 def jsonl(rows: list[dict[str, Any]]) -> bytes:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+from typing import BinaryIO
 from urllib.parse import urlparse
 
 from minio import Minio
@@ -39,6 +40,13 @@ def ensure_buckets(settings: Settings) -> list[str]:
 
 def put_bytes(s3: Minio, bucket: str, name: str, data: bytes, content_type: str) -> None:
     s3.put_object(bucket, name, io.BytesIO(data), len(data), content_type=content_type)
+
+
+def put_file(s3: Minio, bucket: str, name: str, f: BinaryIO, content_type: str) -> None:
+    """Uploads an open file from its start to its current position (multipart when large)."""
+    size = f.tell()
+    f.seek(0)
+    s3.put_object(bucket, name, f, size, content_type=content_type)
 
 
 def get_bytes(s3: Minio, bucket: str, name: str) -> bytes:

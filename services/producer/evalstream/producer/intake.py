@@ -7,12 +7,15 @@ not committed) republishes the same deterministic shards; the sinks drop the dup
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import asyncpg
 import msgspec
@@ -121,17 +124,21 @@ def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
     ]
 
 
-def stored_copy(items: list[Item]) -> bytes:
+def write_stored_copy(items: Iterable[Item], out: BinaryIO) -> None:
     """The dataset as stored in S3 (and read back by reproductions): JSONL of the items,
     which loads back to the same content hash."""
-    return b"".join(encode(i) + b"\n" for i in items)
+    for item in items:
+        out.write(encode(item))
+        out.write(b"\n")
 
 
-async def publish_all(payloads: list[bytes], key: str, publish: Publish) -> None:
+async def publish_all(payloads: Iterable[bytes], key: str, publish: Publish) -> None:
     """Publishes in windows of PUBLISH_WINDOW: thousands of sends at once outrun the Kafka
-    client's buffer and time out, failing (and redelivering) the whole job."""
-    for start in range(0, len(payloads), PUBLISH_WINDOW):
-        await asyncio.gather(*(publish(p, key) for p in payloads[start : start + PUBLISH_WINDOW]))
+    client's buffer and time out, failing (and redelivering) the whole job. `payloads` may
+    be a generator: only one window of encoded shards is held at a time."""
+    payloads = iter(payloads)
+    while window := list(itertools.islice(payloads, PUBLISH_WINDOW)):
+        await asyncio.gather(*(publish(p, key) for p in window))
 
 
 class Intake:
@@ -192,7 +199,7 @@ class Intake:
         )
         await self._record_version(loaded, stored_uri, run_id, from_store=stored_uri == job.dataset)
         # Every shard is acknowledged by the broker before the run counts as published.
-        await publish_all([encode(s) for s in shards], run_id, publish)
+        await publish_all((encode(s) for s in shards), run_id, publish)
         await self.pool.execute(
             "UPDATE runs SET status = 'running', published_at = now(), updated_at = now()"
             " WHERE run_id = $1 AND status = 'validating'",
@@ -223,8 +230,9 @@ class Intake:
     def _store_dataset(self, loaded: LoadedDataset, uri: str) -> str:
         """Content-addressed copy: identical content is stored (and versioned) once."""
         name = f"datasets/{loaded.content_sha256}/items.jsonl"
-        body = stored_copy(loaded.items)
-        storage.put_bytes(self.s3, self.settings.s3_bucket_datasets, name, body, "application/x-ndjson")
+        with tempfile.TemporaryFile() as body:  # on disk, not a second copy of the set in memory
+            write_stored_copy(loaded.items, body)
+            storage.put_file(self.s3, self.settings.s3_bucket_datasets, name, body, "application/x-ndjson")
         return f"s3://{self.settings.s3_bucket_datasets}/{name}"
 
     async def _record_version(

@@ -22,7 +22,6 @@ from faststream.kafka.annotations import KafkaMessage
 from opentelemetry.trace import Span
 
 from evalstream.common import db, logs, service, telemetry, topics
-from evalstream.common.bootstrap import ensure_topics
 from evalstream.common.messages import Heartbeat, Shard, ShardResult, WorkerStatus, decode, encode
 from evalstream.common.metrics import (
     CPU_UTILIZATION,
@@ -40,6 +39,7 @@ from evalstream.common.metrics import (
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves
+from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.cache import AnswerCache
 from evalstream.worker.engines import load_engine
 from evalstream.worker.engines.base import Engine, PermanentEngineError
@@ -83,6 +83,7 @@ class Engines:
 
 
 engines = Engines()
+ROUND_FETCH_BYTES = 256 * 1024  # ≈ WORKER_MAX_SHARDS shards of a few dozen short questions
 state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
 
 
@@ -101,6 +102,12 @@ state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
     session_timeout_ms=15_000,
     heartbeat_interval_ms=3_000,
     max_partition_fetch_bytes=8 * 1024 * 1024,
+    # Dynamic batching's max wait, done by the broker: a fetch returns once a round's worth
+    # of shards is there or BATCH_MAX_WAIT_MS has passed, so that the shards of a run that
+    # arrive a few ms apart share one engine round instead of each starting its own. While
+    # a round runs, the next fetch is already waiting, so a deep queue never pays it.
+    fetch_min_bytes=ROUND_FETCH_BYTES,
+    fetch_max_wait_ms=settings.batch_max_wait_ms,
 )
 @service.backoff_on_error()
 async def on_shards(msg: KafkaMessage) -> None:
@@ -260,24 +267,42 @@ async def heartbeat(status: WorkerStatus) -> None:
 async def heartbeat_loop() -> None:
     while True:
         try:
-            await heartbeat("ready")
+            await heartbeat(state["status"])
         except Exception:
             log.exception("heartbeat failed")
         await asyncio.sleep(settings.heartbeat_interval_s)
 
 
-@asynccontextmanager
-async def lifespan() -> AsyncIterator[None]:
-    # A worker of a new group creates its work topic: otherwise it would wait for one that
-    # nobody makes, and never send a heartbeat (idempotent; concurrent creations are harmless).
-    await ensure_topics(settings.kafka_bootstrap, [settings.worker_group])
-    # Load the group's main model before consuming, so the first shard doesn't wait for it.
+async def load_main_model() -> None:
+    """The group's main model, loaded before consuming so that the first shard doesn't wait
+    for it."""
     first = next((s.strip() for s in settings.worker_model.split(",") if "*" not in s and s.strip()), None)
     if first:
         t0 = time.monotonic()
         await asyncio.to_thread(engines, first)
         log.info("engine %s loaded in %.1fs on %s", first, time.monotonic() - t0, engines.device)
-    pool = await db.create_pool(settings.database_url)
+
+
+@asynccontextmanager
+async def lifespan() -> AsyncIterator[None]:
+    # The weights load in a thread while everything else that startup needs happens beside
+    # it: the work topic (a worker of a new group creates its own, else it would wait for
+    # one nobody makes; idempotent), the broker connection, the database pool, and
+    # "starting" heartbeats, on which routers already queue shards for this group.
+    loading = asyncio.create_task(load_main_model())
+    pool = None
+    try:
+        await ensure_topics(settings.kafka_bootstrap, [settings.worker_group])
+        await broker.connect()
+        state["beat"] = asyncio.create_task(heartbeat_loop())
+        pool = await db.create_pool(settings.database_url)
+        await loading  # a model that cannot load stops the worker here, before it consumes
+    except BaseException:
+        loading.cancel()
+        await stop_heartbeat_loop()
+        if pool is not None:
+            await pool.close()
+        raise
     state["runner"] = ModelRunner(
         RunnerConfig(
             group=settings.worker_group,
@@ -295,18 +320,23 @@ async def lifespan() -> AsyncIterator[None]:
         engines.close()
 
 
-async def start_heartbeats() -> None:
-    state["beat"] = asyncio.create_task(heartbeat_loop())
+async def mark_ready() -> None:
+    """Consuming: the next heartbeat says so."""
+    state["status"] = "ready"
+
+
+async def stop_heartbeat_loop() -> None:
+    beat: asyncio.Task[None] | None = state.pop("beat", None)
+    if beat:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
 
 
 async def stop_heartbeats() -> None:
     """Before the broker disconnects: tell the router we are gone, so it stops routing here."""
     state["status"] = "draining"
-    beat: asyncio.Task[None] | None = state.get("beat")
-    if beat:
-        beat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beat
+    await stop_heartbeat_loop()
     with contextlib.suppress(Exception):
         await heartbeat("stopped")
 
@@ -319,6 +349,6 @@ app = service.make_app(
     broker,
     lifespan=lifespan,
     ready_checks=[model_loaded],
-    after_startup=[start_heartbeats],
+    after_startup=[mark_ready],
     on_shutdown=[stop_heartbeats],
 )
