@@ -38,3 +38,15 @@ def test_service_answers_health_and_stops_on_sigterm(stack: Settings, spawn, mod
         -2000:
     ]
     assert "Traceback" not in log, log[-2000:]
+
+
+def test_worker_whose_model_cannot_load_stops_with_an_error(stack: Settings, spawn, tmp_path) -> None:
+    """The model loads while the worker connects and joins its group; when it cannot load,
+    the worker says why, shuts down gracefully (it took no shard) and exits non-zero."""
+    missing = tmp_path / "no-such-model"
+    proc, _ = spawn("evalstream.worker", WORKER_GROUP=unique("badmodel"), WORKER_MODEL=f"hf:{missing}")
+    assert proc.proc is not None
+    assert proc.proc.wait(90) == 3
+    log = proc.log.read_text()
+    assert f"model 'hf:{missing}' cannot be loaded: EngineConfigError" in log, log[-2000:]
+    assert "Application shutdown complete" in log, log[-2000:]

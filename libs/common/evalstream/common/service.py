@@ -143,9 +143,12 @@ class _App(AsgiFastStream):
         await super().__call__(scope, receive, send)
 
 
+_server: dict[str, Any] = {}  # the running uvicorn server, and the exit status asked for
+
+
 def run(app: AsgiFastStream, settings: Settings) -> None:
     logs.configure(settings.log_level, _service.get("name"))
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.http_host,
         port=settings.http_port,
@@ -155,6 +158,20 @@ def run(app: AsgiFastStream, settings: Settings) -> None:
         log_config=None,  # uvicorn's lines go through the root logger: JSON like the rest
         lifespan="on",
     )
+    server = _server["server"] = uvicorn.Server(config)
+    server.run()
+    if "exit_status" in _server:
+        raise SystemExit(_server["exit_status"])
+
+
+def shut_down_with_error(message: str, exit_status: int = 3) -> None:
+    """A fatal error after startup (a model that cannot load): the same graceful shutdown
+    as on SIGTERM, then the process exits with `exit_status`."""
+    logging.getLogger("evalstream").critical("%s; shutting down", message)
+    _server["exit_status"] = exit_status
+    server = _server.get("server")
+    if server is not None:
+        server.should_exit = True
 
 
 H_ = TypeVar("H_", bound=Callable[..., Awaitable[None]])

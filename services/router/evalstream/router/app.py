@@ -107,9 +107,7 @@ async def route(msg: KafkaMessage) -> None:
         await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)
         SHARDS.labels(service="router", outcome="undecodable").inc()
         return
-    wait = shard.not_before - time.time()
-    if wait > 0:  # a retry: hold this partition (eval.retry only) until it is due
-        await asyncio.sleep(wait)
+    await hold_until_due(shard)
     parked_at = shard.parked_at or time.time()
     target = (shard.model, shard.worker_group)
     # the shards behind one that was just parked for the same reason park at once
@@ -139,6 +137,15 @@ async def route(msg: KafkaMessage) -> None:
         await broker.publish(encode(parked), RETRY_TOPIC, key=shard.run_id.encode())
         _parking[target] = time.monotonic()
         SHARDS.labels(service="router", outcome="parked").inc()
+
+
+async def hold_until_due(shard: Shard) -> None:
+    """A retry holds its partition (eval.retry only) until it is due. A parked shard is due
+    as soon as a group that serves it is alive again: it waited only for that."""
+    while (wait := shard.not_before - time.time()) > 0:
+        if shard.parked_at and router.fleet.eligible(shard.model, shard.worker_group):
+            return
+        await router.wait_change(min(wait, 1.0))
 
 
 async def rescue(shard: Shard | None, record: service.Record, stopping: Callable[[], bool]) -> bool | None:

@@ -84,7 +84,7 @@ class Engines:
 
 engines = Engines()
 ROUND_FETCH_BYTES = 256 * 1024  # ≈ WORKER_MAX_SHARDS shards of a few dozen short questions
-state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
+state: dict[str, Any] = {"ready": False, "consuming": False, "draining": False, "in_flight": 0}
 
 
 @broker.subscriber(
@@ -112,6 +112,7 @@ state: dict[str, Any] = {"ready": False, "in_flight": 0, "status": "starting"}
 @service.backoff_on_error()
 async def on_shards(msg: KafkaMessage) -> None:
     records = service.records_of(msg)
+    await model_ready()  # the first shards may arrive while the model still loads
     now = time.time()
     for record in records:  # broker timestamp of the router's publish -> picked up here
         STAGE_LATENCY.labels(stage="queue_wait").observe(max(0.0, now - record.timestamp / 1000))
@@ -267,36 +268,54 @@ async def heartbeat(status: WorkerStatus) -> None:
 async def heartbeat_loop() -> None:
     while True:
         try:
-            await heartbeat(state["status"])
+            await heartbeat(status())
         except Exception:
             log.exception("heartbeat failed")
         await asyncio.sleep(settings.heartbeat_interval_s)
 
 
+def main_model() -> str | None:
+    """The group's main model: the first SPEC of WORKER_MODEL that is not a pattern."""
+    return next((s.strip() for s in settings.worker_model.split(",") if "*" not in s and s.strip()), None)
+
+
 async def load_main_model() -> None:
-    """The group's main model, loaded before consuming so that the first shard doesn't wait
-    for it."""
-    first = next((s.strip() for s in settings.worker_model.split(",") if "*" not in s and s.strip()), None)
-    if first:
+    if spec := main_model():
         t0 = time.monotonic()
-        await asyncio.to_thread(engines, first)
-        log.info("engine %s loaded in %.1fs on %s", first, time.monotonic() - t0, engines.device)
+        await asyncio.to_thread(engines, spec)
+        log.info("engine %s loaded in %.1fs on %s", spec, time.monotonic() - t0, engines.device)
+
+
+def on_model_loaded(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    if exc := task.exception():
+        service.shut_down_with_error(f"model {main_model()!r} cannot be loaded: {exc!r}")
+    else:
+        state["ready"] = True
+
+
+async def model_ready() -> None:
+    """Returns once the main model is loaded (raises if it cannot be)."""
+    await asyncio.shield(state["loading"])
 
 
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
-    # The weights load in a thread while everything else that startup needs happens beside
-    # it: the work topic (a worker of a new group creates its own, else it would wait for
-    # one nobody makes; idempotent), the broker connection, the database pool, and
-    # "starting" heartbeats, on which routers already queue shards for this group.
-    loading = asyncio.create_task(load_main_model())
+    # The weights load in a thread while the rest of startup happens beside it: the work
+    # topic (a worker of a new group creates its own, else it would wait for one nobody
+    # makes; idempotent), the broker connection, the database pool, "starting" heartbeats
+    # (routers already queue shards for this group), and, once this returns, the group join
+    # and the first fetch. Shards wait for the model in on_shards; a model that cannot load
+    # shuts the worker down with an error (on_model_loaded).
+    loading = state["loading"] = asyncio.create_task(load_main_model())
+    loading.add_done_callback(on_model_loaded)
     pool = None
     try:
         await ensure_topics(settings.kafka_bootstrap, [settings.worker_group])
         await broker.connect()
         state["beat"] = asyncio.create_task(heartbeat_loop())
         pool = await db.create_pool(settings.database_url)
-        await loading  # a model that cannot load stops the worker here, before it consumes
     except BaseException:
         loading.cancel()
         await stop_heartbeat_loop()
@@ -312,7 +331,6 @@ async def lifespan() -> AsyncIterator[None]:
         engines,
         AnswerCache(pool),
     )
-    state["ready"] = True
     try:
         yield
     finally:
@@ -320,9 +338,15 @@ async def lifespan() -> AsyncIterator[None]:
         engines.close()
 
 
-async def mark_ready() -> None:
-    """Consuming: the next heartbeat says so."""
-    state["status"] = "ready"
+def status() -> WorkerStatus:
+    """What heartbeats say: routers send shards to starting and ready workers alike."""
+    if state["draining"]:
+        return "draining"
+    return "ready" if state["ready"] and state["consuming"] else "starting"
+
+
+async def mark_consuming() -> None:
+    state["consuming"] = True
 
 
 async def stop_heartbeat_loop() -> None:
@@ -335,7 +359,7 @@ async def stop_heartbeat_loop() -> None:
 
 async def stop_heartbeats() -> None:
     """Before the broker disconnects: tell the router we are gone, so it stops routing here."""
-    state["status"] = "draining"
+    state["draining"] = True
     await stop_heartbeat_loop()
     with contextlib.suppress(Exception):
         await heartbeat("stopped")
@@ -349,6 +373,6 @@ app = service.make_app(
     broker,
     lifespan=lifespan,
     ready_checks=[model_loaded],
-    after_startup=[mark_ready],
+    after_startup=[mark_consuming],
     on_shutdown=[stop_heartbeats],
 )
