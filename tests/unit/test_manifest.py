@@ -82,7 +82,9 @@ def csv_bytes(rows: list[dict[str, Any]]) -> bytes:
 
 
 def manifest_of(loaded: LoadedDataset, job: JobSpec | None = None, **job_changes: Any) -> dict[str, Any]:
-    job = msgspec.structs.replace(job or JobSpec(dataset=f"s3://uploads/{loaded.filename}"), **job_changes)
+    job = msgspec.structs.replace(
+        job or JobSpec(dataset=f"s3://uploads/{loaded.filename}", shard_size=32), **job_changes
+    )
     return build_manifest(
         job,
         dataset_uri=f"s3://evalstream-datasets/datasets/{loaded.content_sha256}/items.jsonl",
@@ -90,7 +92,7 @@ def manifest_of(loaded: LoadedDataset, job: JobSpec | None = None, **job_changes
         content_sha256=loaded.content_sha256,
         dataset_format=loaded.format,
         total=len(loaded.items),
-        shard_count=1 + len(loaded.items) // job.shard_size,
+        shard_count=1 + len(loaded.items) // (job.shard_size or 32),
         filename=loaded.filename,
     )
 

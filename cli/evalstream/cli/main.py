@@ -549,7 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, cacheable)"
     )
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--shard-size", type=int, default=32, help="items per shard (default 32)")
+    s.add_argument(
+        "--shard-size",
+        type=int,
+        default=None,
+        help="items per shard (default: 32, or more for a set over 8,192 items so that it makes "
+        "about 256 shards, at most 256 items each)",
+    )
     s.add_argument(
         "--max-attempts", type=int, default=3, help="tries per item before it is dead-lettered (default 3)"
     )

@@ -12,23 +12,41 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[Topic
     return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
 
 
-async def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    """Lag per partition of `topic` for consumer group `group` (uncommitted = whole log)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await admin.start()
-    await consumer.start()
-    try:
-        tps = await topic_partitions(consumer, topic)
-        ends = await consumer.end_offsets(tps)
-        begins = await consumer.beginning_offsets(tps)
-        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+class LagReader:
+    """Reads lag over connections it keeps open: a reader polled every second (the router's)
+    does not pay a new admin client and consumer, with their metadata round trips, per read."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+
+    async def start(self) -> LagReader:
+        await self.admin.start()
+        await self.consumer.start()
+        return self
+
+    async def close(self) -> None:
+        await self.consumer.stop()
+        await self.admin.close()
+
+    async def lag(self, group: str, topic: str) -> dict[int, int]:
+        """Lag per partition of `topic` for consumer group `group` (uncommitted = whole log)."""
+        tps = await topic_partitions(self.consumer, topic)
+        ends = await self.consumer.end_offsets(tps)
+        begins = await self.consumer.beginning_offsets(tps)
+        committed = await self.admin.list_consumer_group_offsets(group, partitions=tps)
         lag = {}
         for tp in tps:
             meta = committed.get(tp)
             position = meta.offset if meta is not None and meta.offset >= 0 else begins[tp]
             lag[tp.partition] = max(0, ends[tp] - position)
         return lag
+
+
+async def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """One read, over connections opened for it."""
+    reader = await LagReader(bootstrap).start()
+    try:
+        return await reader.lag(group, topic)
     finally:
-        await consumer.stop()
-        await admin.close()
+        await reader.close()

@@ -72,7 +72,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     generation: GenerationParams = msgspec.field(default_factory=GenerationParams)
     prompt_template: str | None = None
     system_prompt: str | None = None
-    shard_size: int = 32
+    shard_size: int | None = None  # items per shard; None: the producer picks it from the set's size
     retry: RetryPolicy = msgspec.field(default_factory=RetryPolicy)
     name: str | None = None
     run_id: str | None = None  # given by evalctl; derived from the message otherwise

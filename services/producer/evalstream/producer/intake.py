@@ -32,6 +32,9 @@ from evalstream.producer.manifest import build_manifest, manifest_sha256
 log = logging.getLogger("evalstream.producer")
 
 MAX_SHARD_SIZE = 1000
+# A job that names no shard size: shards of AUTO_SHARD_MIN items, or bigger for a large set
+# so that it is cut into about AUTO_SHARDS_PER_RUN, up to AUTO_SHARD_MAX (auto_shard_size).
+AUTO_SHARD_MIN, AUTO_SHARD_MAX, AUTO_SHARDS_PER_RUN = 32, 256, 256
 PUBLISH_WINDOW = 256  # shards in flight at once while publishing a run
 
 Publish = Callable[[bytes, str], Awaitable[None]]  # (payload, key) -> durable on the broker
@@ -58,7 +61,7 @@ def job_problems(job: JobSpec) -> list[Problem]:
         if m
     ]
     out += [Problem(line=None, field="generation", message=m) for m in job.generation.problems()]
-    if not 1 <= job.shard_size <= MAX_SHARD_SIZE:
+    if job.shard_size is not None and not 1 <= job.shard_size <= MAX_SHARD_SIZE:
         out.append(
             Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}")
         )
@@ -100,9 +103,17 @@ def chunk_items(items: list[Item], max_items: int, max_bytes: int) -> list[list[
     return chunks
 
 
+def auto_shard_size(items: int) -> int:
+    """Small sets keep small shards (spread over many workers; progress that moves); a large
+    set gets bigger ones, because moving a shard (routing it, committing it, writing its
+    Parquet object) costs the same whatever its size: 150,000 items go in shards of 256."""
+    return min(AUTO_SHARD_MAX, max(AUTO_SHARD_MIN, -(-items // AUTO_SHARDS_PER_RUN)))
+
+
 def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
     envelope = len(encode(job)) + 1024  # the job's fields travel in every shard
-    chunks = chunk_items(items, job.shard_size, MESSAGE_BUDGET_BYTES - envelope)
+    size = job.shard_size if job.shard_size is not None else auto_shard_size(len(items))
+    chunks = chunk_items(items, size, MESSAGE_BUDGET_BYTES - envelope)
     return [
         Shard(
             run_id=run_id,
@@ -173,6 +184,8 @@ class Intake:
             log.info("run %s rejected: %d problem(s)", run_id, len(loaded_or_rejection.problems))
             return "rejected"
         loaded = loaded_or_rejection
+        if job.shard_size is None:  # the manifest records the size used, for reproductions
+            job = msgspec.structs.replace(job, shard_size=auto_shard_size(len(loaded.items)))
         shards = make_shards(run_id, job, loaded.items)
         stored_uri = await asyncio.to_thread(self._store_dataset, loaded, job.dataset)
         manifest = build_manifest(

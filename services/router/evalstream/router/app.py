@@ -72,9 +72,11 @@ async def place(shard: Shard, stop: Callable[[Blocked], bool]) -> Placement | Bl
             decision = router.decide(shard, time.time())
             if isinstance(decision, Placement) or stop(decision):
                 return decision
-            if decision is Blocked.SATURATED and not waiting:
-                ROUTER_BACKPRESSURE.inc()
-                waiting = True
+            if decision is Blocked.SATURATED:
+                router.want_lag()
+                if not waiting:
+                    ROUTER_BACKPRESSURE.inc()
+                    waiting = True
             await router.wait_change(0.5)
     finally:
         if waiting:

@@ -3,6 +3,9 @@
 LagMonitor reads every live group's consumer lag (committed vs end offsets of
 `evalstream-worker-<group>` on `eval.work.<group>`) every ROUTER_LAG_INTERVAL_S, not per
 shard, exports it as CONSUMER_LAG, feeds it to the fleet and re-adapts the policy weights.
+While shards wait for room (back-pressure) it reads as soon as asked, up to every
+LAG_READ_MIN_S: the room a group made is seen at once, not a whole interval later, which
+would cap a router at ROUTER_MAX_LAG shards per member per interval.
 Dead groups are read ten times less often, and forgotten an hour after their last heartbeat.
 
 Pending shards of a dead group are not lost:
@@ -33,7 +36,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from evalstream.common import topics
-from evalstream.common.lag import group_lag
+from evalstream.common.lag import LagReader
 from evalstream.common.messages import Shard, decode
 from evalstream.common.metrics import CONSUMER_LAG, ROUTER_GROUP_HEALTHY, ROUTER_GROUP_OUTSTANDING
 from evalstream.router.fleet import Group
@@ -44,6 +47,7 @@ log = logging.getLogger("evalstream.router.health")
 DEAD_READ_EVERY = 10  # dead groups: one lag read per this many rounds
 FORGET_AFTER_S = 3600.0  # dead groups older than this are neither read nor rescued
 READ_CONCURRENCY = 4
+LAG_READ_MIN_S = 0.05  # on demand (back-pressure), reads are at least this far apart
 PAUSED_RETRY_S = 10.0  # a rescuer retries shards it could not place after this long
 
 # (shard, record) -> True once the shard is on a healthy group's topic; False: it cannot
@@ -58,6 +62,7 @@ class LagMonitor:
         self.interval_s = interval_s
         self.rounds = 0
         self._sem = asyncio.Semaphore(READ_CONCURRENCY)
+        self._reader: LagReader | None = None
 
     def due(self, group: Group, now: float) -> bool:
         fleet = self.router.fleet
@@ -70,7 +75,9 @@ class LagMonitor:
             routed_at_read = group.routed
             cgroup, topic = topics.worker_consumer_group(group.name), topics.work_topic(group.name)
             try:
-                lag = await group_lag(self.bootstrap, cgroup, topic)
+                if self._reader is None:
+                    self._reader = await LagReader(self.bootstrap).start()
+                lag = await self._reader.lag(cgroup, topic)
             except Exception as exc:  # a broker hiccup: keep the last value, try next round
                 log.warning("lag of group %s unreadable: %s", group.name, exc)
                 return
@@ -94,14 +101,26 @@ class LagMonitor:
         self.router.notify()
 
     async def run(self, after_each: Callable[[], Awaitable[None]] | None = None) -> None:
-        while True:
-            try:
-                await self.refresh()
-                if after_each:
-                    await after_each()
-            except Exception:
-                log.exception("lag refresh failed")
-            await asyncio.sleep(self.interval_s)
+        try:
+            while True:
+                try:
+                    await self.refresh()
+                    if after_each:
+                        await after_each()
+                except Exception:
+                    log.exception("lag refresh failed")
+                await self._next_round()
+        finally:
+            if self._reader is not None:
+                await self._reader.close()
+
+    async def _next_round(self) -> None:
+        """After ROUTER_LAG_INTERVAL_S, or sooner when a waiting shard asks (Router.want_lag)."""
+        wanted = self.router.lag_wanted
+        wanted.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wanted.wait(), self.interval_s)
+        await asyncio.sleep(LAG_READ_MIN_S)
 
 
 class Rescuer:

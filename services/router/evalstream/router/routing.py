@@ -75,6 +75,7 @@ class Router:
         self.fallback = dict(config.fallback)
         self.turn = 0  # round robin
         self._changed = asyncio.Event()
+        self.lag_wanted = asyncio.Event()  # set by waiting shards: read the lag now (health.py)
 
     # ------------------------------------------------------------------ inputs
 
@@ -123,6 +124,10 @@ class Router:
         """Something changed (a heartbeat, a lag read): wake the shards waiting for room."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def want_lag(self) -> None:
+        """A shard waits for room: fresh lag reads would show the room groups made."""
+        self.lag_wanted.set()
 
     async def wait_change(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
