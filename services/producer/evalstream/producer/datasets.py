@@ -15,6 +15,7 @@ import csv
 import decimal
 import hashlib
 import io
+import itertools
 import math
 import os
 import string
@@ -176,6 +177,15 @@ def content_sha256(items: Iterable[Item]) -> str:
     return h.hexdigest()
 
 
+def _lines(data: bytes) -> Iterator[bytes]:
+    """data.split(b"\\n") one line at a time, without a list of every line."""
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        yield data[start:end]
+        start = end + 1
+    yield data[start:]
+
+
 def _canonical(item: Item) -> bytes:
     return msgspec.json.encode(item, order="sorted")
 
@@ -248,8 +258,18 @@ class _Reader:
                 None, None, "a JSON array is not supported: give one JSON object per line (JSON Lines)"
             )
             return "jsonl"
-        records: list[tuple[int, dict[str, Any]]] = []
-        for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        # A stream of records, each validated and dropped in turn: a set's parsed JSON is
+        # never all in memory at once beside its items.
+        records = self._jsonl_records(data)
+        first = next(records, None)
+        if first is None:
+            return "jsonl"  # empty: reported by the caller
+        humaneval = _is_humaneval(first[1].keys())
+        self.validate(itertools.chain([first], records), humaneval=humaneval)
+        return "humaneval" if humaneval else "jsonl"
+
+    def _jsonl_records(self, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+        for lineno, raw in enumerate(_lines(data), start=1):
             if not raw.strip():
                 continue
             try:
@@ -266,16 +286,13 @@ class _Reader:
             if not isinstance(value, dict):
                 self.problem(lineno, None, f"expected a JSON object, got {_type_name(value)}")
                 continue
-            records.append((lineno, value))
-        humaneval = bool(records) and _is_humaneval(records[0][1].keys())
-        self.validate(records, humaneval=humaneval)
-        return "humaneval" if humaneval else "jsonl"
+            yield lineno, value
 
     def read_csv(self, data: bytes, *, delimiter: str) -> Format:
         if data.startswith(_BOM):
             data = data[len(_BOM) :]
         bad_lines = False
-        for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        for lineno, raw in enumerate(_lines(data), start=1):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -296,17 +313,20 @@ class _Reader:
         humaneval = _is_humaneval(columns)
         if not self.check_columns(1, columns, humaneval=humaneval):
             return "csv"
-        records: list[tuple[int, dict[str, Any]]] = []
+        self.validate(self._csv_records(reader, columns), humaneval=humaneval)  # streamed, as JSONL
+        return "humaneval" if humaneval else "csv"
+
+    def _csv_records(self, reader: Any, columns: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
         end = reader.line_num
         while True:
             start = end + 1  # a quoted cell may span lines: report where the record starts
             try:
                 row = next(reader)
             except StopIteration:
-                break
+                return
             except csv.Error as exc:
                 self.problem(start, None, f"unreadable CSV: {exc}")
-                break  # the reader cannot resynchronise after a broken quote
+                return  # the reader cannot resynchronise after a broken quote
             end = reader.line_num
             if not any(cell.strip() for cell in row):
                 continue
@@ -326,9 +346,7 @@ class _Reader:
                         continue
                 else:
                     record[name] = cell
-            records.append((start, record))
-        self.validate(records, humaneval=humaneval)
-        return "humaneval" if humaneval else "csv"
+            yield start, record
 
     def read_parquet(self, data: bytes) -> Format:
         import pyarrow.parquet as pq  # heavy; only Parquet users pay for it
@@ -609,7 +627,7 @@ class _Reader:
     def check_conflicting_answers(self) -> None:
         """The same question with two different gold answers is almost always a labelling
         mistake that would cap accuracy below 100 %; worth a warning, not a refusal."""
-        seen: dict[tuple[str, tuple[str, ...] | None], tuple[int, Item]] = {}
+        seen: dict[bytes, tuple[int, Item]] = {}  # digest of the question -> its first item
         for line, item in self.items:
             if item.answer is None:
                 continue
@@ -617,7 +635,8 @@ class _Reader:
                 text = "\n".join(f"{m.role}: {m.content}" for m in item.messages)
             else:
                 text = item.question or ""
-            key = (_normalise(text), tuple(item.choices) if item.choices is not None else None)
+            question = (_normalise(text), item.choices)
+            key = hashlib.blake2b(msgspec.json.encode(question), digest_size=16).digest()
             first = seen.get(key)
             if first is None:
                 seen[key] = (line, item)
