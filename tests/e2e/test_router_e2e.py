@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -360,3 +361,55 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
         assert served == {f"{survivor}/{model}", f"{doomed}/{model}"}
     finally:
         await publish_heartbeats(bootstrap, [(f"{doomed}-{i}", None) for i in range(2)])
+
+
+async def test_a_dead_groups_backlog_parks_at_once_and_returns_when_the_group_does(
+    stack: Settings, spawn: Any, tmp_path: Path
+) -> None:
+    """Shards pinned to a group whose workers are all dead leave the input partition for the
+    retry topic right away (only the first waits ROUTER_PARK_AFTER_S), so runs behind them
+    move on; when the group is back, the parked shards go to it without waiting out their
+    not-before."""
+    bootstrap = stack.kafka_bootstrap
+    group, inbox, retry = unique("ghost"), unique("eval.shards.park"), unique("eval.retry.park")
+    for topic in (inbox, retry):
+        await create_topic(bootstrap, topic)
+    model = f"replay:{tmp_path / 'ghost.jsonl'}"
+    await ensure_topics(bootstrap, [group])
+    stale = Heartbeat(worker_id=f"{group}-0", group=group, model=model, ts=time.time() - 600, device="cpu")
+    await publish_heartbeats(bootstrap, [stale])  # known to the router, dead
+    env = router_env(inbox, [group], ROUTER_RETRY_TOPIC=retry, ROUTER_PARK_AFTER_S="3", ROUTER_MAX_LAG="100")
+    router, port = spawn("evalstream.router", **env)
+    try:
+        await asyncio.to_thread(router.wait_healthy, port)
+        run_id = unique("run-park")
+        shards = shards_for(run_id, model, 40)
+        shards = [msgspec.structs.replace(s, worker_group=group) for s in shards]
+        await publish_shards(bootstrap, inbox, shards)
+        started = time.monotonic()
+
+        async def parked() -> int:
+            return sum((await topic_end_offsets(bootstrap, retry)).values())
+
+        # one shard every ROUTER_PARK_AFTER_S would take 120 s
+        await wait_until(lambda: _at_least(parked, 40), 30, what="the backlog to be parked")
+        assert time.monotonic() - started < 30
+        router_group = f"{topics.ROUTER_GROUP}.{inbox}"
+        assert sum((await group_lag(bootstrap, router_group, inbox)).values()) == 0
+
+        # The group comes back: every parked shard is routed to it within a few seconds,
+        # though each was parked with a not-before of 5 s or more.
+        work = topics.work_topic(group)
+        async with FakeGroup(bootstrap, group, model):
+            back = time.monotonic()
+
+            async def routed() -> int:
+                return sum((await topic_end_offsets(bootstrap, work)).values())
+
+            await wait_until(lambda: _at_least(routed, 40), 30, what="the parked shards to be routed")
+        everything = dict.fromkeys(await topic_end_offsets(bootstrap, work), 0)
+        got = {decode(v, Shard).shard_id for _, v, _ in await read_topic_since(bootstrap, work, everything)}
+        assert got == {s.shard_id for s in shards}
+        assert time.monotonic() - back < 30
+    finally:
+        await publish_heartbeats(bootstrap, [(f"{group}-0", None)])

@@ -50,7 +50,8 @@ config = RouterConfig.from_settings(settings)
 broker = service.make_broker(settings, "router")
 router = Router(config)
 NO_GROUP_TIMEOUT_S = settings.router_no_group_timeout_s
-PARK_INTERVAL_S = 5.0  # a parked shard is looked at again this often
+PARK_INTERVAL_S = 5.0  # a parked shard is looked at again after this long at first ...
+PARK_INTERVAL_MAX_S = 30.0  # ... and less often the longer its group stays dead (park_interval)
 _parking: dict[tuple[str, str | None], float] = {}  # (model, pinned group) -> last parked (monotonic)
 SHARDS_TOPIC = settings.router_shards_topic or topics.SHARDS
 RETRY_TOPIC = None if settings.router_retry_topic == "none" else settings.router_retry_topic or topics.RETRY
@@ -112,10 +113,14 @@ async def route(msg: KafkaMessage) -> None:
     await hold_until_due(shard)
     parked_at = shard.parked_at or time.time()
     target = (shard.model, shard.worker_group)
-    # the shards behind one that was just parked for the same reason park at once
-    park_from = min(
-        time.monotonic() + settings.router_park_after_s, _parking.get(target, 0.0) + PARK_INTERVAL_S
-    )
+    # The first shard of a target with no healthy group waits ROUTER_PARK_AFTER_S (the group
+    # may be restarting); the shards behind one that was just parked for the same reason
+    # park at once, so that a dead group's backlog leaves the partition at publish speed.
+    last_parked = _parking.get(target)
+    if last_parked is not None and time.monotonic() - last_parked < PARK_INTERVAL_S:
+        park_from = time.monotonic()
+    else:
+        park_from = time.monotonic() + settings.router_park_after_s
 
     def give_up(reason: Blocked) -> bool:
         return reason is Blocked.NO_GROUP and (
@@ -134,11 +139,21 @@ async def route(msg: KafkaMessage) -> None:
             await forward(shard, placement, "routed")
     elif unroutable():
         await dead_letter_unroutable(shard, record, time.time() - parked_at)
+        _parking[target] = time.monotonic()  # the same reason: the next ones need not wait
     elif RETRY_TOPIC and still_assigned(record):
-        parked = msgspec.structs.replace(shard, parked_at=parked_at, not_before=time.time() + PARK_INTERVAL_S)
+        parked = msgspec.structs.replace(
+            shard, parked_at=parked_at, not_before=time.time() + park_interval(parked_at)
+        )
         await broker.publish(encode(parked), RETRY_TOPIC, key=shard.run_id.encode())
         _parking[target] = time.monotonic()
         SHARDS.labels(service="router", outcome="parked").inc()
+
+
+def park_interval(parked_at: float) -> float:
+    """A quarter of the time parked so far, within [PARK_INTERVAL_S, PARK_INTERVAL_MAX_S]: a
+    long-dead group's backlog does not churn through eval.retry every few seconds, and a group
+    that comes back is noticed at once anyway (hold_until_due)."""
+    return min(PARK_INTERVAL_MAX_S, max(PARK_INTERVAL_S, (time.time() - parked_at) / 4))
 
 
 async def hold_until_due(shard: Shard) -> None:

@@ -76,19 +76,31 @@ class LagMonitor:
             cgroup, topic = topics.worker_consumer_group(group.name), topics.work_topic(group.name)
             try:
                 if self._reader is None:
-                    self._reader = await LagReader(self.bootstrap).start()
+                    raise ConnectionError("no connection to the broker")
                 lag = await self._reader.lag(cgroup, topic)
             except Exception as exc:  # a broker hiccup: keep the last value, try next round
                 log.warning("lag of group %s unreadable: %s", group.name, exc)
+                await self._reset_reader()  # next round on fresh connections (a restarted broker)
                 return
         group.record_lag(sum(lag.values()), routed_at_read, time.time())
         for partition, value in lag.items():
             CONSUMER_LAG.labels(group=cgroup, topic=topic, partition=str(partition)).set(value)
 
+    async def _reset_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.close()
+
     async def refresh(self) -> None:
         now = time.time()
         fleet = self.router.fleet
         due = [g for g in list(fleet.groups.values()) if self.due(g, now)]
+        if due and self._reader is None:
+            try:
+                self._reader = await LagReader(self.bootstrap).start()
+            except Exception as exc:
+                log.warning("cannot read consumer lag: %s", exc)
         await asyncio.gather(*(self.read(g) for g in due))
         self.rounds += 1
         now = time.time()
@@ -111,8 +123,7 @@ class LagMonitor:
                     log.exception("lag refresh failed")
                 await self._next_round()
         finally:
-            if self._reader is not None:
-                await self._reader.close()
+            await self._reset_reader()
 
     async def _next_round(self) -> None:
         """After ROUTER_LAG_INTERVAL_S, or sooner when a waiting shard asks (Router.want_lag)."""
