@@ -32,15 +32,35 @@ def explain(ratio: float | None, reps: list[dict[str, Any]]) -> str:
     elapsed = c.summarize([x["pipeline"]["elapsed_s"] for x in reps])["median"] or 0.0
     batches = c.summarize([x["pipeline_engine"]["batches"] for x in reps])["median"] or 0.0
     direct = len(reps[0]["direct"]["batches"]) if reps else 0
-    return (
+    # engine seconds inside the worker against the same plan run in this process
+    inflation = c.summarize(
+        [
+            x["pipeline_engine"]["engine_busy_s"] / x["direct"]["seconds"]
+            for x in reps
+            if x["direct"]["seconds"]
+        ]
+    )["median"]
+    text = (
         f"engine efficiency {ratio or 0:.2f}: in the pipeline the worker's engine was busy {busy:.0%} of the "
-        f"{elapsed:.1f} s from submit to the last result (submit itself {submit:.2f} s); the rest is the path "
-        "around it (producer, router, the worker's batch wait, publishing, the aggregator's writes). The pipeline "
-        f"ran {batches:.0f} engine batches where the direct plan has {direct}: a worker plans each round of "
-        "shards as they arrive, so a round can hold fewer items than the whole set. Taking more shards per round "
-        "(a longer BATCH_MAX_WAIT_MS at the start of a run) or overlapping the next round's preparation with "
-        "the current batch would close the gap."
+        f"{elapsed:.1f} s from submit to the last result (submit itself {submit:.2f} s), in {batches:.0f} engine "
+        f"batches where the direct plan has {direct}. "
     )
+    if inflation and inflation > 1.02:
+        text += (
+            f"The engine calls themselves took {inflation:.2f}× as long in the worker as the same plan in this "
+            "process: the worker's torch runs two threads on the machine's two cores beside Kafka, PostgreSQL, "
+            "the router, the aggregator and its own event loop, and a two-thread matmul stalls whenever either "
+            "core is taken. On a GPU worker the device does the work and this share would vanish; on CPUs, "
+            "leaving a core to the rest of the stack (fewer torch threads) or a host of its own for the worker "
+            "would close it."
+        )
+    else:
+        text += (
+            "The rest is the path around the engine (producer, router, the worker's batch wait, publishing, "
+            "the aggregator's writes); overlapping the next round's preparation with the current batch would "
+            "close it."
+        )
+    return text
 
 
 def main() -> None:

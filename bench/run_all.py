@@ -5,7 +5,8 @@ table in README.md (between <!-- bench:start --> and <!-- bench:end -->).
 
 Each benchmark is its own process (bench/<name>.py), so one failing does not stop the
 others; its JSON is read back from bench/results/. --quick runs the smoke-test sizes and
-writes summary.quick.json without touching the README.
+writes summary.quick.json without touching the README. --only updates those entries of the
+last summary and leaves the README to full runs.
 """
 
 from __future__ import annotations
@@ -85,8 +86,20 @@ def main() -> None:
         "benchmarks": results,
     }
     out = c.RESULTS / ("summary.quick.json" if args.quick else "summary.json")
+    if args.only and out.exists():
+        # One benchmark re-run: its entry replaces the last full run's, the rest stays
+        # (the README table is rewritten by full runs only).
+        previous = json.loads(out.read_text())
+        summary = {
+            **previous,
+            "benchmarks": {**previous.get("benchmarks", {}), **results},
+            "rerun_since": {
+                **previous.get("rerun_since", {}),
+                **dict.fromkeys(results, summary["finished_at"]),
+            },
+        }
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    rows = [g for b in results.values() for g in b.get("goals", [])]
+    rows = [g for b in results.values() for g in b.get("goals", [])]  # this invocation's
     print(c.render_table(rows))
     print(json.dumps({k: v for k, v in summary.items() if k != "benchmarks"}, indent=2))
     if not args.quick and not args.only:
