@@ -181,14 +181,15 @@ async def test_every_board_panel_returns_data_from_prometheus(runs: dict[str, An
         "the replay run's accuracy in Prometheus",
         lambda: prom("/api/v1/query", query=f'evalstream_run_accuracy_ratio{{run_id="{run_id}"}}')["result"],
     )
-    # rate() over the run's own counters needs two scrapes of them
-    await until(
-        "two scrapes of the replay run's counters",
-        lambda: prom(
-            "/api/v1/query",
-            query=f'count_over_time(evalstream_run_items_total{{run_id="{run_id}"}}[30s]) >= 2',
-        )["result"],
-    )
+    # rate() over a counter needs two scrapes of it: the run's own counters, and the dead
+    # letters its two unanswered items made (on a fresh stack, the first ones ever)
+    for series in (f'evalstream_run_items_total{{run_id="{run_id}"}}', "evalstream_dead_letters_total"):
+        await until(
+            f"two scrapes of {series}",
+            lambda series=series: prom("/api/v1/query", query=f"count_over_time({series}[30s]) >= 2")[
+                "result"
+            ],
+        )
     for rule in (
         "evalstream:items_failed:ratio_rate5m",
         'evalstream:stage_latency_seconds:p99_5m{stage="engine"}',
