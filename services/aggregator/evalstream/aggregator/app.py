@@ -73,9 +73,9 @@ async def on_results(msg: KafkaMessage) -> None:
         log.warning("dropping %d results of unknown runs, e.g. %s", len(unknown), unknown[0].run_id)
     results = [r for r in results if r.run_id in known]
     successes = [r for r in results if r.error is None]
-    await store().write(successes, [r for r in results if r.error is not None])
+    written = await store().write(successes, [r for r in results if r.error is not None])
     crash_point("aggregator_exit_after_write")
-    await observe(results)
+    await observe(written_results(results, written))
     await after_write({(r.run_id, r.shard_id) for r in results})
 
 
@@ -131,8 +131,8 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
             ]
     known = await store().known_runs(f.run_id for f in failures)
     failures = [f for f in failures if f.run_id in known]
-    await store().write([], failures, letters)
-    await observe(failures)
+    written = await store().write([], failures, letters)
+    await observe(written_results(failures, written))
     await after_write({(f.run_id, f.shard_id) for f in failures})
 
 
@@ -140,6 +140,17 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
 # run), then go: run ids are unbounded.
 RUN_SERIES_TTL_S = 15 * 60
 _run_created: dict[str, float] = {}
+
+
+def written_results(results: list[ItemResult], written: set[tuple[str, str]]) -> list[ItemResult]:
+    """The results whose rows this write made, once per item (a success over a failure):
+    metrics count rows, not deliveries, so a redelivered batch is not counted twice."""
+    by_item = {
+        (r.run_id, r.item_id): r
+        for r in sorted(results, key=lambda r: r.error is None)
+        if (r.run_id, r.item_id) in written
+    }
+    return list(by_item.values())
 
 
 async def observe(results: list[ItemResult]) -> None:

@@ -54,9 +54,11 @@ _INSERT = f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)}) SELECT * FROM
 UPSERT_SUCCESS = (
     _INSERT + f"ON CONFLICT (run_id, item_id) DO UPDATE SET {_UPDATES} "
     "WHERE item_results.error IS NOT NULL AND EXCLUDED.error IS NULL "
-    "RETURNING run_id, (xmax = 0) AS inserted"
+    "RETURNING run_id, item_id, (xmax = 0) AS inserted"
 )
-INSERT_FAILURE = _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING run_id, true AS inserted"
+INSERT_FAILURE = (
+    _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING run_id, item_id, true AS inserted"
+)
 
 
 def _columns(results: Sequence[ItemResult]) -> list[list[Any]]:
@@ -109,8 +111,9 @@ class ResultStore:
         successes: list[ItemResult],
         failures: list[ItemResult],
         dead_letters: Sequence[DeadLetterRecord] = (),
-    ) -> None:
-        """One transaction: all of it is durable before any offset is committed."""
+    ) -> set[tuple[str, str]]:
+        """One transaction: all of it is durable before any offset is committed. Returns the
+        (run_id, item_id) of the rows it wrote: a redelivered duplicate is not among them."""
         async with self.pool.acquire() as conn, conn.transaction():
             if dead_letters:
                 await conn.executemany(
@@ -134,6 +137,7 @@ class ResultStore:
                     ],
                 )
             added: dict[str, int] = {}
+            written: set[tuple[str, str]] = set()
             for sql, rows in (
                 (UPSERT_SUCCESS, _one_per_item(successes)),
                 (INSERT_FAILURE, _one_per_item(failures)),
@@ -141,11 +145,13 @@ class ResultStore:
                 if rows:
                     for rec in await conn.fetch(sql, *_columns(rows)):
                         added[rec["run_id"]] = added.get(rec["run_id"], 0) + int(rec["inserted"])
+                        written.add((rec["run_id"], rec["item_id"]))
             if added:
                 await conn.executemany(
                     "UPDATE runs SET recorded = recorded + $2, updated_at = now() WHERE run_id = $1",
                     [(run_id, n) for run_id, n in added.items() if n],
                 )
+        return written
 
     async def shards_rows(
         self, shards: Iterable[tuple[str, str]]
