@@ -35,6 +35,7 @@ of the code, which no sandbox gives. The host's safety does not depend on the no
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import secrets
@@ -46,7 +47,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -77,6 +80,8 @@ class Limits:
     max_output_bytes: int = 1 << 20  # stdout + stderr; the run is killed beyond it
     max_file_bytes: int = 16 << 20  # RLIMIT_FSIZE (files in the private /tmp)
     tmpfs_bytes: int = 64 << 20  # size of the private /tmp
+    max_open_files: int = 64  # RLIMIT_NOFILE: also bounds what pipes and sockets can hold
+    max_threads: int = 32  # RLIMIT_NPROC: threads of the run's own uid
 
 
 DEFAULT_LIMITS = Limits()
@@ -93,51 +98,203 @@ class SandboxResult:
     output_exceeded: bool = False
 
 
-_STDERR_TAIL = 8192
+_STDERR_TAIL = 4096
 _STDOUT_TAIL = 4096
 _CHUNK = 65536
 EXIT_EARLY_EXIT = 3  # the program called exit() before it finished
+_STARTED = b"S"  # the bootstrap's first word on the status fd: the sandbox stood up
+# Each run gets a host uid of its own from this range (when the worker is root): runs share
+# no uid, so neither RLIMIT_NPROC's per-user count nor anything else joins them.
+SANDBOX_UID_BASE = 200_000
+_UID_SLOTS = 1024
 
-# Runs first inside the sandbox, as python -I -S -c BOOTSTRAP <program fd> <AS bytes>
-# <FSIZE bytes> <CPU seconds> <exit code for an early exit()>. The program comes through an inherited memfd:
-# not argv (size limits), not stdin (left to the program, at EOF). Its first line is a nonce,
-# printed only after the program ran to its end, so an early os._exit(0) cannot pass for
-# success. Tracebacks go through the `traceback` module, which reads source lines from
-# linecache, so they show the failing line.
+# Runs first inside the sandbox, as python -I -S -c BOOTSTRAP <payload fd> <status fd>
+# <AS bytes> <FSIZE bytes> <CPU seconds> <open files> <threads> <uid to drop to, 0: none>
+# <early-exit code> <lib-dynload dir>. The payload (JSON: nonce, program, tests, entry point)
+# comes through an inherited memfd: not argv (size limits), not stdin (left to the program).
+#
+# The pass marker (the nonce, written to the status fd once the program and its tests ran to
+# their end) is kept where the candidate's code cannot reach it:
+# * the candidate runs in a thread of its own, which alone reads the payload, holds the
+#   nonce in its frame and ends the process; the main thread only waits. Signal handlers
+#   (which receive the main thread's frame) cannot be installed outside the main thread.
+# * an audit hook, armed before any candidate code runs, refuses every way to reach a
+#   frame or foreign objects (sys._getframe, sys._current_frames, tb_frame/gi_frame/
+#   cr_frame/ag_frame, gc.get_objects/get_referrers/get_referents, settrace/setprofile),
+#   raw memory (ctypes, the _test* modules, extension modules from outside lib-dynload),
+#   hand-made bytecode (code.__new__, marshal), and new audit hooks. /proc is not mounted.
+# * nothing lives in __main__'s globals but the function that runs; everything used after
+#   the candidate's code was captured before it ran (builtins can be monkeypatched).
+# With tests (HumanEval): after the candidate's code ran, builtins and sys.modules are put
+# back and module-level names shadowing builtins dropped, then the tests run and
+# `check(<entry point>)` is called with the entry point wrapped so that it may only return
+# plain values (bool, int, float, str, None and lists/tuples/dicts/sets of them): an object
+# whose __eq__ always answers True fails instead of passing.
+# Tracebacks are printed by the interpreter's C printer (sys.__excepthook__), which needs no
+# frame access from Python; source lines are added by the host, which has the program.
 _BOOTSTRAP = """\
-import linecache, os, resource, sys, traceback
-fd, mem, fsize, cpu, early_exit = (int(a) for a in sys.argv[1:6])
-with open(fd, "rb") as f:
-    nonce, _, src = f.read().decode("utf-8").partition("\\n")
-for res, soft, hard in (
-    (resource.RLIMIT_AS, mem, mem),
-    (resource.RLIMIT_FSIZE, fsize, fsize),
-    (resource.RLIMIT_CORE, 0, 0),
-    (resource.RLIMIT_CPU, cpu, cpu + 1),
-):
-    resource.setrlimit(res, (soft, hard))
-linecache.cache["<candidate>"] = (len(src), None, src.splitlines(True), "<candidate>")
-try:
-    exec(compile(src, "<candidate>", "exec"), {"__name__": "__candidate__", "__builtins__": __builtins__})
-except SystemExit as e:
-    print(f"program called exit({e.code!r}) before it finished", file=sys.stderr)
-    sys.stderr.flush()
-    os._exit(early_exit)
-except BaseException as e:
-    traceback.print_exception(type(e), e, e.__traceback__.tb_next)  # skip this bootstrap's frame
-    sys.stderr.flush()
-    os._exit(1)
-sys.stdout.flush()
-sys.stderr.flush()
-os.write(1, ("\\n" + nonce + "\\n").encode())
-os._exit(0)
+def _bootstrap():
+    import _thread, builtins, json, os, resource, sys
+    del globals()["_bootstrap"]
+    (payload_fd, status_fd, mem, fsize, cpu, nofile, nproc, uid, early_exit) = (
+        int(a) for a in sys.argv[1:10])
+    dynload = os.path.normpath(sys.argv[10]) + os.sep
+    os.write(status_fd, b"S")
+    if uid:  # the worker is root: leave root (and every capability) for good
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    for res, soft, hard in (
+        (resource.RLIMIT_AS, mem, mem),
+        (resource.RLIMIT_FSIZE, fsize, fsize),
+        (resource.RLIMIT_CORE, 0, 0),
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_NOFILE, nofile, nofile),
+        (resource.RLIMIT_NPROC, nproc, nproc),
+        (resource.RLIMIT_MSGQUEUE, 0, 0),
+        (resource.RLIMIT_MEMLOCK, 0, 0),
+    ):
+        resource.setrlimit(res, (soft, hard))
+    # what HumanEval programs commonly import, loaded now: once armed, modules compile from
+    # source (marshal is refused, so is every .pyc)
+    for name in ("typing", "math", "re", "collections", "itertools", "functools", "heapq",
+                 "bisect", "string", "hashlib", "random", "fractions", "statistics"):
+        __import__(name)
+    write, exit_now, compile_, exec_, type_, isinstance_ = (
+        os.write, os._exit, compile, exec, type, isinstance)
+    stdout, stderr, excepthook = sys.stdout, sys.stderr, sys.__excepthook__
+    modules, builtins_dict = sys.modules, builtins.__dict__
+    saved_builtins, saved_modules = dict(builtins_dict), set(modules)
+    loads, normpath, all_, repr_, type_error = json.loads, os.path.normpath, all, repr, TypeError
+    frozen, bool_, int_, float_, str_, none = frozenset, bool, int, float, str, type(None)
+    list_, tuple_, dict_, set_, complex_, bytes_ = list, tuple, dict, set, complex, bytes
+    scalars = frozen((bool_, int_, float_, str_, none, complex_, bytes_))
+    sequences = frozen((list_, tuple_, set_, frozen))
+
+    denied_events = frozen((
+        "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace",
+        "sys.setprofile", "sys.addaudithook", "sys.monitoring.register_callback",
+        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+        "marshal.loads", "marshal.load", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+        "ctypes.addressof", "ctypes.string_at", "ctypes.call_function",
+    ))
+    denied_attrs = frozen(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back",
+                           "f_locals", "f_globals", "f_builtins"))
+    denied_modules = frozen(("ctypes", "_ctypes", "_xxsubinterpreters", "_xxinterpchannels",
+                             "_posixshmem", "_multiprocessing"))
+    denied_error, import_error, value_error = PermissionError, ImportError, ValueError
+
+    def audit(event, args):
+        if event in denied_events:
+            if event == "sys._getframe":  # what the standard library expects when frames are missing
+                raise value_error("sys._getframe is not available in the sandbox")
+            raise denied_error(event + " is not allowed in the sandbox")
+        if event == "object.__getattr__" and args[1] in denied_attrs:
+            raise denied_error(str_(args[1]) + " is not readable in the sandbox")
+        if event == "import":
+            name, filename = args[0], args[1]
+            if name in denied_modules or name.startswith("_test") or name.startswith("_ctypes"):
+                raise import_error("module " + str_(name) + " is not available in the sandbox")
+            if filename is not None and not normpath(filename).startswith(dynload):
+                raise import_error("extension modules load only from the standard library")
+
+    sys.pycache_prefix = "/nonexistent"  # no .pyc is read (marshal is refused)
+    sys.dont_write_bytecode = True
+    sys.addaudithook(audit)
+
+    def plain(value, depth=0):
+        kind = type_(value)
+        if kind in scalars:
+            return True
+        if depth > 32:
+            return False
+        if kind in sequences:
+            return all_(plain(v, depth + 1) for v in value)
+        if kind is dict_:
+            return all_(plain(k, depth + 1) and plain(v, depth + 1) for k, v in value.items())
+        return False
+
+    def guarded(function):
+        def entry_point(*args, **kwargs):
+            result = function(*args, **kwargs)
+            if not plain(result):
+                raise type_error("the entry point returned a " + type_(result).__qualname__ +
+                                ", not a plain value (bool, int, float, str, None or a list, "
+                                "tuple, dict or set of them)")
+            return result
+        return entry_point
+
+    def restore():
+        builtins_dict.clear()
+        builtins_dict.update(saved_builtins)
+        for name in [m for m in modules if m not in saved_modules]:
+            del modules[name]
+        sys.stdout, sys.stderr = stdout, stderr
+
+    def run():
+        try:
+            with open(payload_fd, "rb") as f:
+                payload = loads(f.read())
+            nonce = payload["nonce"].encode()
+            program, tests, entry = payload["program"], payload["tests"], payload["entry_point"]
+            namespace = {"__name__": "__candidate__", "__builtins__": builtins}
+            exec_(compile_(program, "<candidate>", "exec"), namespace)
+            if tests is not None:
+                restore()
+                for name in [n for n in namespace if n in saved_builtins and n != entry]:
+                    if not name.startswith("__"):
+                        del namespace[name]
+                offset = "\\n" * (program.count("\\n") + 2)  # line numbers of the whole program
+                exec_(compile_(offset + tests, "<candidate>", "exec"), namespace)
+                namespace["check"](guarded(namespace[entry]))
+        except SystemExit as e:
+            restore()
+            stderr.write("program called exit(" + repr_(e.code)[:100] + ") before it finished\\n")
+            stderr.flush()
+            exit_now(early_exit)
+        except BaseException as e:
+            try:
+                restore()
+                e = e.with_traceback(e.__traceback__.tb_next)  # not this frame
+                excepthook(type_(e), e, e.__traceback__)
+                stderr.flush()
+            finally:
+                exit_now(1)
+        try:
+            stdout.flush()
+            stderr.flush()
+        finally:
+            write(status_fd, nonce)
+            exit_now(0)
+
+    done = _thread.allocate_lock()
+    done.acquire()
+    _thread.start_new_thread(run, ())
+    del run
+    try:
+        done.acquire()  # never released: the candidate's thread ends the process
+    finally:
+        exit_now(1)
+
+
+_bootstrap()
 """
 
 
-# --- seccomp: no new processes ------------------------------------------------------------
+# --- seccomp: no new processes, no memory outside the rlimits ------------------------------------------------------------
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # syscall numbers: (clone, fork, vfork, clone3); aarch64 has neither fork nor vfork
 _SYSCALLS = {"x86_64": (56, 57, 58, 435), "aarch64": (220, None, None, 435)}
+# Refused with EPERM: memory outside RLIMIT_AS (memfd_create, memfd_secret, SysV shm and
+# message queues, POSIX message queues, io_uring, userfaultfd), new namespaces and mounts
+# (unshare, setns, mount and the new mount API: a private tmpfs would be unbounded), and
+# reaching other processes' memory (ptrace, process_vm_readv/writev), keyrings, bpf, perf.
+_REFUSED = {
+    "x86_64": (319, 447, 29, 68, 240, 425, 323, 272, 308, 165, 166, 155, 428, 429, 430, 431,
+               432, 433, 442, 101, 310, 311, 248, 249, 250, 321, 298),
+    "aarch64": (279, 447, 194, 186, 180, 425, 282, 97, 268, 40, 39, 41, 428, 429, 430, 431,
+                432, 433, 442, 117, 270, 271, 217, 218, 219, 280, 241),
+}  # fmt: skip
 _X32_BIT = 0x40000000
 _CLONE_THREAD = 0x00010000
 _RET_KILL_PROCESS, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
@@ -147,7 +304,8 @@ _LD, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 
 
 def _seccomp_filter(machine: str) -> bytes:
-    """A classic-BPF program (struct sock_filter[]) for bwrap --seccomp.
+    """A classic-BPF program (struct sock_filter[]) for bwrap --seccomp: no new processes,
+    none of the calls in _REFUSED.
 
     clone3 answers ENOSYS (its flags live in memory a filter cannot read), so libc falls back
     to clone, whose flags it can read: threads (CLONE_THREAD) are allowed, new processes not.
@@ -165,6 +323,7 @@ def _seccomp_filter(machine: str) -> bytes:
         body.append((_JGE, _X32_BIT, "eperm", None))
     body.append((_JEQ, clone3, "enosys", None))
     body += [(_JEQ, nr, "eperm", None) for nr in (fork, vfork) if nr is not None]
+    body += [(_JEQ, nr, "eperm", None) for nr in _REFUSED[machine]]
     body += [
         (_JEQ, clone, None, "allow"),
         (_LD, 16, None, None),  # low 32 bits of args[0] (the clone flags), little-endian
@@ -189,6 +348,84 @@ def _seccomp_filter(machine: str) -> bytes:
 # --- running --------------------------------------------------------------------------------
 _probed: set[tuple[str, str]] = set()
 _probe_lock = threading.Lock()
+_layouts: dict[str, _Layout] = {}
+_uids_in_use: set[int] = set()
+_uid_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What of the host the sandbox sees: the interpreter, its shared library, its standard
+    library (site-packages hidden), the system's shared libraries. Nothing else: no /proc,
+    no /etc, /run, /root, /home, checkout or stack data."""
+
+    executable: str
+    binds: tuple[str, ...]  # read-only, at the same path
+    symlinks: tuple[tuple[str, str], ...]  # (target, link)
+    hidden: tuple[str, ...]  # directories inside binds covered by an empty read-only tmpfs
+    dynload: str  # the only place extension modules load from
+
+
+_LAYOUT_PROBE = """\
+import json, os, sys, sysconfig
+v = sysconfig.get_config_var
+paths = sysconfig.get_paths()
+print(json.dumps({"stdlib": paths["stdlib"], "platstdlib": paths["platstdlib"],
+    "site": sorted({paths["purelib"], paths["platlib"]}),
+    "libpython": os.path.join(v("LIBDIR") or "", v("INSTSONAME") or ""),
+    "multiarch": v("MULTIARCH") or "", "dynload": v("DESTSHARED") or ""}))
+"""
+
+
+def _layout(python: str) -> _Layout:
+    """The paths `python` needs, asked of it once (outside the sandbox, with -I -S)."""
+    if python in _layouts:
+        return _layouts[python]
+    try:
+        out = subprocess.run(
+            [python, "-I", "-S", "-c", _LAYOUT_PROBE], capture_output=True, env={}, timeout=30, check=True
+        ).stdout
+        info = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise SandboxUnavailable(f"cannot ask {python} for its standard library: {exc}") from exc
+    binds = [python, info["stdlib"], info["platstdlib"]]
+    if os.path.isfile(info["libpython"]):
+        binds.append(info["libpython"])
+    lib_dirs = [f"/usr/lib/{info['multiarch']}", "/usr/lib64"] if info["multiarch"] else ["/usr/lib", "/usr/lib64"]
+    binds += [d for d in lib_dirs if os.path.isdir(d) and not os.path.islink(d)]
+    symlinks = []
+    for top in ("/lib", "/lib64", "/lib32"):  # merged /usr: links; else the loader lives here
+        if os.path.islink(top):
+            symlinks.append((os.readlink(top), top))
+        elif os.path.isdir(top):
+            binds.append(top)
+    hidden = tuple(d for d in info["site"] if any(d.startswith(b + "/") for b in binds) and os.path.isdir(d))
+    dynload = info["dynload"] or os.path.join(info["platstdlib"], "lib-dynload")
+    layout = _Layout(python, tuple(dict.fromkeys(binds)), tuple(symlinks), hidden, dynload)
+    _layouts[python] = layout
+    return layout
+
+
+@contextlib.contextmanager
+def _run_uid() -> Iterator[int]:
+    """A host uid no other running sandbox has (0: the worker is not root, so the sandbox
+    runs as the worker's own uid, mapped in a user namespace of its own)."""
+    if os.geteuid() != 0:
+        yield 0
+        return
+    with _uid_lock:
+        # spread by pid too: several worker processes on one host pick different uids
+        start = (os.getpid() * 7) % _UID_SLOTS
+        slot = next((s for s in range(_UID_SLOTS) if (start + s) % _UID_SLOTS not in _uids_in_use), None)
+        if slot is None:
+            raise SandboxUnavailable(f"more than {_UID_SLOTS} sandboxes at once")
+        uid_slot = (start + slot) % _UID_SLOTS
+        _uids_in_use.add(uid_slot)
+    try:
+        yield SANDBOX_UID_BASE + uid_slot
+    finally:
+        with _uid_lock:
+            _uids_in_use.discard(uid_slot)
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -253,69 +490,110 @@ def _collect(proc: subprocess.Popen[bytes], deadline: float, max_output: int) ->
     return bytes(out), bytes(err), False, False
 
 
-def _execute(source: str, limits: Limits, bwrap: str, python: str) -> SandboxResult:
-    nonce = secrets.token_hex(16)
-    prog_fd = _memfd("evalstream-program", f"{nonce}\n{source}".encode("utf-8", "replace"))  # lone surrogates
-    seccomp_fd = _memfd("evalstream-seccomp", _seccomp_filter(platform.machine()))
-    cmd = [
-        bwrap,
-        "--ro-bind", "/", "/",
+def _bwrap_args(layout: _Layout, limits: Limits, uid: int) -> list[str]:
+    args = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    if uid:  # bwrap runs as root: no user namespace; the bootstrap drops to `uid` itself
+        args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:  # bwrap runs unprivileged: the worker's uid is mapped to nobody in a namespace
+        args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns", "--cap-drop", "ALL"]
+    # the folders above the binds, traversable by the sandbox's uid (bwrap would copy the
+    # host's modes: /root is 0700)
+    parents = {str(p) for path in layout.binds for p in PurePosixPath(path).parents if str(p) != "/"}
+    for parent in sorted(parents, key=lambda p: p.count("/")):
+        args += ["--perms", "0755", "--dir", parent]
+    for path in layout.binds:
+        args += ["--ro-bind", path, path]
+    for target, link in layout.symlinks:
+        args += ["--symlink", target, link]
+    for path in layout.hidden:
+        args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    args += [
         "--dev", "/dev",
         "--remount-ro", "/dev",  # its tmpfs (and /dev/shm in it) would be unbounded memory
-        "--proc", "/proc",
-        "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-        "--unshare-all",
+        "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
+        "--remount-ro", "/",  # bwrap's own root is an unbounded tmpfs too
         "--clearenv",
         "--die-with-parent",
         "--new-session",
-        "--cap-drop", "ALL",
         "--chdir", "/tmp",
-        "--seccomp", str(seccomp_fd),
-        python, "-I", "-S", "-c", _BOOTSTRAP,
-        str(prog_fd), str(limits.memory_bytes), str(limits.max_file_bytes), str(limits.cpu_seconds),
-        str(EXIT_EARLY_EXIT),
     ]  # fmt: skip
+    return args
+
+
+def _execute(
+    source: str,
+    limits: Limits,
+    bwrap: str,
+    python: str,
+    *,
+    tests: str | None = None,
+    entry_point: str | None = None,
+) -> SandboxResult:
+    layout = _layout(python)
+    nonce = secrets.token_hex(16)
+    payload = json.dumps({"nonce": nonce, "program": source, "tests": tests, "entry_point": entry_point})
+    payload_fd = _memfd("evalstream-program", payload.encode("utf-8", "replace"))  # lone surrogates
+    seccomp_fd = _memfd("evalstream-seccomp", _seccomp_filter(platform.machine()))
+    status_read, status_write = os.pipe()
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(prog_fd, seccomp_fd),
-            env={},  # the sandbox inherits nothing (bwrap and python are absolute paths)
-            start_new_session=True,
-        )
-    finally:
-        os.close(prog_fd)
-        os.close(seccomp_fd)
-    with proc:
+        with _run_uid() as uid:
+            cmd = [
+                bwrap,
+                *_bwrap_args(layout, limits, uid),
+                "--seccomp", str(seccomp_fd),
+                python, "-I", "-S", "-c", _BOOTSTRAP,
+                str(payload_fd), str(status_write), str(limits.memory_bytes), str(limits.max_file_bytes),
+                str(limits.cpu_seconds), str(limits.max_open_files), str(limits.max_threads), str(uid),
+                str(EXIT_EARLY_EXIT), layout.dynload,
+            ]  # fmt: skip
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(payload_fd, seccomp_fd, status_write),
+                    env={},  # the sandbox inherits nothing (bwrap and python are absolute paths)
+                    start_new_session=True,
+                )
+            finally:
+                os.close(payload_fd)
+                os.close(seccomp_fd)
+                os.close(status_write)
+            with proc:
+                try:
+                    out, err, timed_out, exceeded = _collect(proc, start + limits.timeout_s, limits.max_output_bytes)
+                except BaseException:  # never leave a sandbox running behind an error
+                    _kill_group(proc)
+                    raise
+                if timed_out or exceeded:
+                    _kill_group(proc)
+                exit_code = proc.wait()
+        os.set_blocking(status_read, False)
         try:
-            out, err, timed_out, exceeded = _collect(proc, start + limits.timeout_s, limits.max_output_bytes)
-        except BaseException:  # never leave a sandbox running behind an error
-            _kill_group(proc)
-            raise
-        if timed_out or exceeded:
-            _kill_group(proc)
-        exit_code = proc.wait()
+            status = os.read(status_read, 4096)
+        except BlockingIOError:
+            status = b""
+    finally:
+        os.close(status_read)
     if exit_code > 128:  # bwrap reports a child killed by signal N as 128 + N
         exit_code = 128 - exit_code
-    duration = time.monotonic() - start
-    stdout = out.decode("utf-8", "replace")
     stderr = err.decode("utf-8", "replace")
-    finished = not (timed_out or exceeded) and exit_code == 0 and stdout.rstrip().endswith(nonce)
-    if not finished and exit_code != 0 and stderr.startswith("bwrap: "):
-        # bwrap itself failed (namespaces refused, bad mount...): not the candidate's fault
-        raise SandboxUnavailable(f"{stderr.strip().splitlines()[0]}; fix: {FIX_HINT}")
-    if finished:
-        stdout = stdout.rstrip()[: -len(nonce)].removesuffix("\n")
+    if not status.startswith(_STARTED) and not timed_out:
+        # The bootstrap never ran: bwrap itself failed (namespaces refused, a bad mount...).
+        # Decided by the status fd, which only the bootstrap writes to first: never by what
+        # the candidate's code printed.
+        first = (stderr.strip().splitlines() or [f"exit code {exit_code}"])[0][:300]
+        raise SandboxUnavailable(f"the sandbox did not start: {first}; fix: {FIX_HINT}")
+    finished = not (timed_out or exceeded) and exit_code == 0 and nonce.encode() in status
     return SandboxResult(
         passed=finished,
         timed_out=timed_out,
         exit_code=exit_code,
         stderr_tail=stderr,
-        stdout_tail=stdout,
-        duration_s=duration,
+        stdout_tail=out.decode("utf-8", "replace"),
+        duration_s=time.monotonic() - start,
         output_exceeded=exceeded,
     )
 
@@ -331,7 +609,7 @@ def check_sandbox(python: str | None = None, bwrap: str | None = None) -> None:
         if key in _probed:
             return
         result = _execute("pass", Limits(timeout_s=30.0), bwrap_path, python_path)
-        if not result.passed:
+        if not result.passed:  # the interpreter started but could not run: not the code's fault
             detail = result.stderr_tail.strip()[-500:] or f"exit code {result.exit_code}"
             raise SandboxUnavailable(f"sandbox self-test failed: {detail}; fix: {FIX_HINT}")
         _probed.add(key)
@@ -341,14 +619,21 @@ def run_program(
     source: str,
     limits: Limits = DEFAULT_LIMITS,
     *,
+    tests: str | None = None,
+    entry_point: str | None = None,
     python: str | None = None,
     bwrap: str | None = None,
 ) -> SandboxResult:
     """Runs `source` as a Python module in the sandbox and reports how it ended.
 
+    With `tests` and `entry_point` (HumanEval), the tests run after `source`, in its
+    namespace with builtins and modules restored, and `check(<entry_point>)` is called with
+    the entry point held to plain return values.
     A program passes when it runs to its end: an exception, exit() or a signal fails it.
     Raises SandboxUnavailable when the sandbox cannot be set up (never runs code without it).
     """
+    if (tests is None) != (entry_point is None):
+        raise ValueError("tests and entry_point go together")
     check_sandbox(python, bwrap)
     bwrap_path, python_path = _resolve(python, bwrap)
-    return _execute(source, limits, bwrap_path, python_path)
+    return _execute(source, limits, bwrap_path, python_path, tests=tests, entry_point=entry_point)

@@ -1,6 +1,8 @@
 """Code tasks graded by execution (HumanEval): the candidate program, then the item's `test`,
 then `check(<entry_point>)`, run in the bubblewrap sandbox. Passing means the whole program
-ran to its end.
+ran to its end. The sandbox runs the tests apart from the candidate's code (builtins and
+modules restored, the entry point held to plain return values: see sandbox.py), so that
+code cannot rewrite the tests' yardsticks.
 
 The candidate program is the prompt (item.question: signature, docstring, imports, helper
 functions) followed by the model's code: either a whole function that defines the entry
@@ -21,7 +23,7 @@ from evalstream.worker.sandbox import DEFAULT_LIMITS, Limits, SandboxResult, run
 
 GRADER_VERSION = GRADER_VERSIONS["code"]  # bump it there: run manifests record it
 MAX_EXTRACTED = 4000
-MAX_DETAIL = 500
+MAX_DETAIL = 300  # what of the program's own stderr reaches results
 
 _CANDIDATE_FRAME = re.compile(r'^\s*File "<candidate>", line (\d+)')
 _ANY_FRAME = re.compile(r'^\s*File "')
@@ -56,9 +58,10 @@ def candidate_program(response: str, item: Item) -> str:
     return f"{prompt}\n{code}\n"
 
 
-def failure_reason(result: SandboxResult, limits: Limits) -> str:
+def failure_reason(result: SandboxResult, limits: Limits, program: str = "") -> str:
     """One line: timeout, output flood, signal, or the error and the program line raising it
-    ("AssertionError at line 14: assert candidate([1, 2]) == 3")."""
+    ("AssertionError at line 14: assert candidate([1, 2]) == 3"), the line's text taken from
+    `program` (the sandbox prints no source)."""
     if result.timed_out:
         return f"timed out after {limits.timeout_s:g} s"
     if result.output_exceeded:
@@ -73,7 +76,11 @@ def failure_reason(result: SandboxResult, limits: Limits) -> str:
     if frames:
         i, frame = frames[-1]
         reason += f" at line {frame[1]}"
-        if i + 1 < len(lines) - 1 and not _ANY_FRAME.match(lines[i + 1]):
+        source = program.splitlines()
+        number = int(frame[1])
+        if 0 < number <= len(source) and source[number - 1].strip():
+            reason += f": {source[number - 1].strip()}"
+        elif i + 1 < len(lines) - 1 and not _ANY_FRAME.match(lines[i + 1]):
             reason += f": {lines[i + 1].strip()}"
     return reason[:MAX_DETAIL]
 
@@ -86,13 +93,14 @@ def code_exec(limits: Limits = DEFAULT_LIMITS) -> Grader:
         candidate = candidate_program(response, item)
         if not candidate:
             return Grade(extracted=None, correct=False, score=0.0, detail="no code in the response")
-        program = f"{candidate}\n\n{item.test}\n\ncheck({item.entry_point})\n"
-        result = run_program(program, limits)
+        tests = f"{item.test}\n"
+        result = run_program(candidate, limits, tests=tests, entry_point=item.entry_point)
+        program = f"{candidate}\n\n{tests}"  # as the sandbox numbers its lines
         return Grade(
             extracted=candidate[:MAX_EXTRACTED],
             correct=result.passed,
             score=float(result.passed),
-            detail=None if result.passed else failure_reason(result, limits),
+            detail=None if result.passed else failure_reason(result, limits, program),
         )
 
     return grade
