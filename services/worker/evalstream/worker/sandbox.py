@@ -126,9 +126,9 @@ _UID_SLOTS = 1024
 # * nothing lives in __main__'s globals but the function that runs; everything used after
 #   the candidate's code was captured before it ran (builtins can be monkeypatched).
 # With tests (HumanEval): after the candidate's code ran, builtins and sys.modules are put
-# back and module-level names shadowing builtins dropped, then the tests run and
-# `check(<entry point>)` is called with the entry point wrapped so that it may only return
-# plain values (bool, int, float, str, None and lists/tuples/dicts/sets of them): an object
+# back, then the tests run in a namespace of their own (the program's names, less those
+# shadowing builtins; a private copy of the builtins) and `check(<entry point>)` is called
+# with the entry point wrapped so that it may only return plain values (bool, int, float, str, None and lists/tuples/dicts/sets of them): an object
 # whose __eq__ always answers True fails instead of passing.
 # Tracebacks are printed by the interpreter's C printer (sys.__excepthook__), which needs no
 # frame access from Python; source lines are added by the host, which has the program.
@@ -225,6 +225,11 @@ def _bootstrap():
         return entry_point
 
     def restore():
+        for stream in (stdout, stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
         builtins_dict.clear()
         builtins_dict.update(saved_builtins)
         for name in [m for m in modules if m not in saved_modules]:
@@ -241,12 +246,16 @@ def _bootstrap():
             exec_(compile_(program, "<candidate>", "exec"), namespace)
             if tests is not None:
                 restore()
-                for name in [n for n in namespace if n in saved_builtins and n != entry]:
-                    if not name.startswith("__"):
-                        del namespace[name]
+                # The tests get a namespace of their own: the program's definitions (its
+                # helpers) but no name of its shadowing a builtin, and builtins of their
+                # own, so that nothing the candidate's code does while it is being
+                # tested reaches the names the tests look up.
+                scope = {n: v for n, v in namespace.items() if n not in saved_builtins or n == entry}
+                scope["__builtins__"] = dict_(saved_builtins)
+                scope["__name__"] = "__tests__"
                 offset = "\\n" * (program.count("\\n") + 2)  # line numbers of the whole program
-                exec_(compile_(offset + tests, "<candidate>", "exec"), namespace)
-                namespace["check"](guarded(namespace[entry]))
+                exec_(compile_(offset + tests, "<candidate>", "exec"), scope)
+                scope["check"](guarded(scope[entry]))
         except SystemExit as e:
             restore()
             stderr.write("program called exit(" + repr_(e.code)[:100] + ") before it finished\\n")
@@ -391,7 +400,9 @@ def _layout(python: str) -> _Layout:
     binds = [python, info["stdlib"], info["platstdlib"]]
     if os.path.isfile(info["libpython"]):
         binds.append(info["libpython"])
-    lib_dirs = [f"/usr/lib/{info['multiarch']}", "/usr/lib64"] if info["multiarch"] else ["/usr/lib", "/usr/lib64"]
+    lib_dirs = (
+        [f"/usr/lib/{info['multiarch']}", "/usr/lib64"] if info["multiarch"] else ["/usr/lib", "/usr/lib64"]
+    )
     binds += [d for d in lib_dirs if os.path.isdir(d) and not os.path.islink(d)]
     symlinks = []
     for top in ("/lib", "/lib64", "/lib32"):  # merged /usr: links; else the loader lives here
@@ -495,7 +506,16 @@ def _bwrap_args(layout: _Layout, limits: Limits, uid: int) -> list[str]:
     if uid:  # bwrap runs as root: no user namespace; the bootstrap drops to `uid` itself
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:  # bwrap runs unprivileged: the worker's uid is mapped to nobody in a namespace
-        args += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns", "--cap-drop", "ALL"]
+        args += [
+            "--unshare-user",
+            "--uid",
+            "65534",
+            "--gid",
+            "65534",
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+        ]
     # the folders above the binds, traversable by the sandbox's uid (bwrap would copy the
     # host's modes: /root is 0700)
     parents = {str(p) for path in layout.binds for p in PurePosixPath(path).parents if str(p) != "/"}
@@ -563,7 +583,9 @@ def _execute(
                 os.close(status_write)
             with proc:
                 try:
-                    out, err, timed_out, exceeded = _collect(proc, start + limits.timeout_s, limits.max_output_bytes)
+                    out, err, timed_out, exceeded = _collect(
+                        proc, start + limits.timeout_s, limits.max_output_bytes
+                    )
                 except BaseException:  # never leave a sandbox running behind an error
                     _kill_group(proc)
                     raise
