@@ -13,7 +13,7 @@ import pytest
 
 from evalstream.common.messages import Item
 from evalstream.worker.grading.code_exec import code_exec
-from evalstream.worker.sandbox import Limits, run_program
+from evalstream.worker.sandbox import Limits, SandboxUnavailable, run_program
 
 PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
 TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 4\n"
@@ -200,3 +200,12 @@ class TestHostIsolation:
             "    try: os.write(fd, b'S' + b'0' * 32)\n    except OSError: pass\nos._exit(0)"
         )
         assert not result.passed and marker in result.stdout_tail
+
+
+def test_a_named_cgroup_that_cannot_serve_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # this host's memory controller is cgroup v1 (or absent): no cgroup.subtree_control there
+    monkeypatch.setenv("SANDBOX_CGROUP", "/sys/fs/cgroup/memory")
+    with pytest.raises(SandboxUnavailable, match="SANDBOX_CGROUP='/sys/fs/cgroup/memory'"):
+        run_program("pass")
+    monkeypatch.setenv("SANDBOX_CGROUP", "")
+    assert run_program("pass").passed  # not named: rlimits and tmpfs caps bound memory

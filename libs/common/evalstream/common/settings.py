@@ -55,6 +55,9 @@ DEFAULTS: dict[str, str] = {
     "LOG_LEVEL": "INFO",
     "KAFKA_TOPIC_PREFIX": "",
     "OTEL_EXPORTER_OTLP_ENDPOINT": "",
+    # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
+    # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
+    "SANDBOX_CGROUP": "",
 }
 
 # The HTTP port each service listens on locally (healthz, readyz, metrics). The local

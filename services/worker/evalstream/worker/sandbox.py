@@ -1,35 +1,43 @@
 """Runs untrusted Python (model-written code + a task's tests) inside a bubblewrap sandbox.
 
-Isolation, layer by layer:
+Its safety does not depend on the worker's uid. Layer by layer:
 
-* bubblewrap: read-only view of the host root, private size-capped tmpfs /tmp (the only
-  writable place), fresh read-only /dev, fresh /proc, new user/pid/net/ipc/uts namespaces
-  (the network namespace holds only its own loopback: no host port, no outside address is
-  reachable), all capabilities dropped, its own session (no TIOCSTI).
-* a seccomp filter (classic BPF, built here, handed to bwrap) that refuses to create new
-  processes: fork/vfork/clone without CLONE_THREAD fail with EPERM, so a fork bomb dies at
-  its first fork. RLIMIT_NPROC cannot do this job: the kernel never enforces it for real
-  uid 0, which the sandboxed program keeps whenever the worker runs as root.
-* rlimits set by the bootstrap inside the sandbox before any candidate code runs: CPU time
-  (SIGXCPU, then SIGKILL a second later: threads spinning in C code cannot outrun the wall
-  clock's share of the machine), address space (1 GiB by default), file size, no core dumps.
-* the host side: a wall-clock deadline that kills the whole process group (the sandbox's
-  pid namespace dies with it, see --die-with-parent), and a cap on stdout+stderr volume.
+* what it sees: only the interpreter, its shared library, its standard library
+  (site-packages hidden) and the system's shared libraries, read-only; a private size-capped
+  tmpfs /tmp (the only writable place); a read-only minimal /dev. No /proc, /etc, /run,
+  /root, /home, checkout, stack data or host sockets. New pid/net/ipc/uts namespaces (the
+  network namespace holds only its own loopback), its own session (no TIOCSTI).
+* who it runs as: never root. When the worker is root, bwrap runs privileged without a user
+  namespace and the bootstrap, before any candidate code, drops to a host uid of the run's
+  own (SANDBOX_UID_BASE + slot: no two running sandboxes share one) with no groups and no
+  capabilities (no_new_privs is set). Otherwise bwrap maps the worker's uid to nobody in a
+  user namespace of its own (--disable-userns). Either way a root-only file is unreadable.
+* a seccomp filter (classic BPF, built here) refusing new processes (fork/vfork/clone
+  without CLONE_THREAD), new namespaces and mounts, and every way to memory outside
+  RLIMIT_AS (memfd, SysV/POSIX shm and queues, io_uring...), see _REFUSED.
+* memory: a cgroup v2 of the run's own (memory.max, swap 0, pids.max) when the operator
+  delegated one (SANDBOX_CGROUP); always rlimits set before any candidate code runs: CPU
+  time, address space, file size, open files (bounding pipe and socket buffers), threads
+  (RLIMIT_NPROC, per run since the uid is the run's), no core dumps, no message queues; the
+  tmpfs sizes. /dev (and /dev/shm) and bwrap's root are read-only.
+* the host side: a wall-clock deadline that kills the whole process group (the pid
+  namespace dies with it, --die-with-parent) and a cap on stdout+stderr volume.
 
 The interpreter is the worker's own (`sys.executable`, resolved past a venv's link to it)
-run with `-I -S`: no site-packages, no user site, so the candidate sees only the standard
-library, as in the original HumanEval harness. The environment is empty (bwrap --clearenv,
-and nothing passed to bwrap either): no credential of the worker's can leak into it.
+run with `-I -S`: no site-packages, no user site, as in the original HumanEval harness. The
+environment is empty (bwrap --clearenv, and nothing passed to bwrap either).
 
-A pass needs a secret nonce that the bootstrap prints only after the program ran to its end,
-so that exiting early with status 0 or printing "PASS" is a fail. The nonce defends the
-grade against accidents and naive tricks, not against a program that deliberately searches
-its own interpreter's memory for it (it runs in the same process; so does, e.g., an object
-whose __eq__ always answers True): grading integrity against adversarial code needs review
-of the code, which no sandbox gives. The host's safety does not depend on the nonce.
+A pass is the run's secret nonce arriving on a status pipe, written by the bootstrap only
+after the program (and its tests) ran to its end; how the nonce is kept from the program is
+told above _BOOTSTRAP. The same pipe tells whether the sandbox stood up at all: its first
+byte comes from the bootstrap before any candidate code, so a program printing "bwrap: ..."
+and failing is a wrong answer, never SandboxUnavailable. What the audit hook cannot promise:
+a program exploiting a memory-safety bug of the interpreter itself could still find the
+nonce (the host stays safe: every layer above holds regardless), and a program may still
+rewrite attributes of shared modules (math.isclose) that the tests use.
 
-`run_program` is synchronous and keeps no shared mutable state except a lock-guarded
-"already probed" set, so it is safe to call from many threads of a pool at once.
+`run_program` is synchronous and keeps no shared mutable state except lock-guarded caches
+and the set of uids in use, so it is safe to call from many threads of a pool at once.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+
+from evalstream.common.settings import DEFAULTS
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -96,6 +106,7 @@ class SandboxResult:
     stdout_tail: str
     duration_s: float
     output_exceeded: bool = False
+    memory_exceeded: bool = False  # its cgroup's memory limit killed it (cgroup v2 only)
 
 
 _STDERR_TAIL = 4096
@@ -164,7 +175,7 @@ def _bootstrap():
         os.write, os._exit, compile, exec, type, isinstance)
     stdout, stderr, excepthook = sys.stdout, sys.stderr, sys.__excepthook__
     modules, builtins_dict = sys.modules, builtins.__dict__
-    saved_builtins, saved_modules = dict(builtins_dict), set(modules)
+    saved_builtins, saved_modules = dict(builtins_dict), dict(modules)
     loads, normpath, all_, repr_, type_error = json.loads, os.path.normpath, all, repr, TypeError
     frozen, bool_, int_, float_, str_, none = frozenset, bool, int, float, str, type(None)
     list_, tuple_, dict_, set_, complex_, bytes_ = list, tuple, dict, set, complex, bytes
@@ -175,7 +186,7 @@ def _bootstrap():
         "sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys.settrace",
         "sys.setprofile", "sys.addaudithook", "sys.monitoring.register_callback",
         "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
-        "marshal.loads", "marshal.load", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
+        "marshal.loads", "marshal.load", "os.exec", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata",
         "ctypes.addressof", "ctypes.string_at", "ctypes.call_function",
     ))
     denied_attrs = frozen(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back",
@@ -234,6 +245,7 @@ def _bootstrap():
         builtins_dict.update(saved_builtins)
         for name in [m for m in modules if m not in saved_modules]:
             del modules[name]
+        modules.update(saved_modules)  # a module the program replaced in sys.modules
         sys.stdout, sys.stderr = stdout, stderr
 
     def run():
@@ -417,6 +429,84 @@ def _layout(python: str) -> _Layout:
     return layout
 
 
+CGROUP_ENV = "SANDBOX_CGROUP"
+_CGROUP_SLACK = 32 << 20  # kernel memory, page tables, the interpreter's own pages
+# Runs as root (the worker) before bwrap: joins the run's cgroup, then becomes bwrap, so that
+# every process of the sandbox is born inside it.
+_ENTER_CGROUP = """\
+import os, sys
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+    f.write("0")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def cgroup_parent() -> str | None:
+    """The delegated cgroup v2 folder runs get their own cgroup under (SANDBOX_CGROUP), or
+    None: memory is then bounded by rlimits and tmpfs sizes alone (every allocation that
+    escapes RLIMIT_AS is refused by seccomp or has nowhere to go: see _REFUSED).
+    Raises SandboxUnavailable when one is named but unusable: never a silent fallback."""
+    named = os.environ.get(CGROUP_ENV, DEFAULTS[CGROUP_ENV]).strip()
+    if not named:
+        return None
+    try:
+        with open(os.path.join(named, "cgroup.subtree_control")) as f:
+            enabled = f.read().split()
+    except OSError as exc:
+        raise SandboxUnavailable(f"{CGROUP_ENV}={named!r} is not a cgroup v2 folder: {exc}") from exc
+    missing = {"memory", "pids"} - set(enabled)
+    if missing or not os.access(named, os.W_OK):
+        raise SandboxUnavailable(
+            f"{CGROUP_ENV}={named!r}: needs the memory and pids controllers enabled for its children "
+            f"(cgroup.subtree_control has {' '.join(enabled) or 'none'}) and to be writable by the worker"
+        )
+    return named
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@contextlib.contextmanager
+def _run_cgroup(parent: str | None, limits: Limits, name: str) -> Iterator[str | None]:
+    """A cgroup of the run's own under `parent`, limiting its memory (all of it: heap, tmpfs,
+    pipes, kernel memory) and its tasks; removed when the run ends."""
+    if parent is None:
+        yield None
+        return
+    path = os.path.join(parent, name)
+    os.mkdir(path)
+    try:
+        _write(
+            os.path.join(path, "memory.max"), str(limits.memory_bytes + limits.tmpfs_bytes + _CGROUP_SLACK)
+        )
+        with contextlib.suppress(FileNotFoundError):  # no swap accounting: no swap to limit
+            _write(os.path.join(path, "memory.swap.max"), "0")
+        _write(os.path.join(path, "pids.max"), str(limits.max_threads + 8))
+        yield path
+    finally:
+        for _ in range(100):  # the pid namespace may take a moment to empty
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(path, "cgroup.kill"), "1")
+                time.sleep(0.02)
+
+
+def _oom_killed(cgroup: str | None) -> bool:
+    if cgroup is None:
+        return False
+    try:
+        with open(os.path.join(cgroup, "memory.events")) as f:
+            events = dict(line.split() for line in f if line.strip())
+    except (OSError, ValueError):
+        return False
+    return int(events.get("oom_kill", "0")) > 0
+
+
 @contextlib.contextmanager
 def _run_uid() -> Iterator[int]:
     """A host uid no other running sandbox has (0: the worker is not root, so the sandbox
@@ -550,6 +640,7 @@ def _execute(
     entry_point: str | None = None,
 ) -> SandboxResult:
     layout = _layout(python)
+    parent = cgroup_parent()
     nonce = secrets.token_hex(16)
     payload = json.dumps({"nonce": nonce, "program": source, "tests": tests, "entry_point": entry_point})
     payload_fd = _memfd("evalstream-program", payload.encode("utf-8", "replace"))  # lone surrogates
@@ -557,7 +648,7 @@ def _execute(
     status_read, status_write = os.pipe()
     start = time.monotonic()
     try:
-        with _run_uid() as uid:
+        with _run_uid() as uid, _run_cgroup(parent, limits, f"run-{uid}-{nonce[:12]}") as cgroup:
             cmd = [
                 bwrap,
                 *_bwrap_args(layout, limits, uid),
@@ -567,6 +658,8 @@ def _execute(
                 str(limits.cpu_seconds), str(limits.max_open_files), str(limits.max_threads), str(uid),
                 str(EXIT_EARLY_EXIT), layout.dynload,
             ]  # fmt: skip
+            if cgroup is not None:
+                cmd = [python, "-I", "-S", "-c", _ENTER_CGROUP, cgroup, *cmd]
             try:
                 proc = subprocess.Popen(
                     cmd,
@@ -581,26 +674,11 @@ def _execute(
                 os.close(payload_fd)
                 os.close(seccomp_fd)
                 os.close(status_write)
-            with proc:
-                try:
-                    out, err, timed_out, exceeded = _collect(
-                        proc, start + limits.timeout_s, limits.max_output_bytes
-                    )
-                except BaseException:  # never leave a sandbox running behind an error
-                    _kill_group(proc)
-                    raise
-                if timed_out or exceeded:
-                    _kill_group(proc)
-                exit_code = proc.wait()
-        os.set_blocking(status_read, False)
-        try:
-            status = os.read(status_read, 4096)
-        except BlockingIOError:
-            status = b""
+            out, err, timed_out, exceeded, exit_code = _wait(proc, start + limits.timeout_s, limits)
+            oom = _oom_killed(cgroup)
+        status = _read_status(status_read)
     finally:
         os.close(status_read)
-    if exit_code > 128:  # bwrap reports a child killed by signal N as 128 + N
-        exit_code = 128 - exit_code
     stderr = err.decode("utf-8", "replace")
     if not status.startswith(_STARTED) and not timed_out:
         # The bootstrap never ran: bwrap itself failed (namespaces refused, a bad mount...).
@@ -617,7 +695,42 @@ def _execute(
         stdout_tail=out.decode("utf-8", "replace"),
         duration_s=time.monotonic() - start,
         output_exceeded=exceeded,
+        memory_exceeded=oom,
     )
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], deadline: float, limits: Limits
+) -> tuple[bytes, bytes, bool, bool, int]:
+    """Collects the run's output until it ends (killed at the deadline or past the output
+    cap): stdout tail, stderr tail, timed out, output exceeded, exit code (-N: signal N)."""
+    with proc:
+        try:
+            out, err, timed_out, exceeded = _collect(proc, deadline, limits.max_output_bytes)
+        except BaseException:  # never leave a sandbox running behind an error
+            _kill_group(proc)
+            raise
+        if timed_out or exceeded:
+            _kill_group(proc)
+        exit_code = proc.wait()
+    if exit_code > 128:  # bwrap reports a child killed by signal N as 128 + N
+        exit_code = 128 - exit_code
+    return out, err, timed_out, exceeded, exit_code
+
+
+def _read_status(fd: int) -> bytes:
+    """What the bootstrap (and whatever the program wrote there) left on the status pipe."""
+    os.set_blocking(fd, False)
+    data = bytearray()
+    for _ in range(32):  # a pipe holds 64 KiB at most by default: bounded either way
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
 
 
 def check_sandbox(python: str | None = None, bwrap: str | None = None) -> None:

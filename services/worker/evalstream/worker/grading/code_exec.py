@@ -64,6 +64,8 @@ def failure_reason(result: SandboxResult, limits: Limits, program: str = "") -> 
     `program` (the sandbox prints no source)."""
     if result.timed_out:
         return f"timed out after {limits.timeout_s:g} s"
+    if result.memory_exceeded:
+        return f"memory limit exceeded ({limits.memory_bytes + limits.tmpfs_bytes} bytes)"
     if result.output_exceeded:
         return f"output exceeded {limits.max_output_bytes} bytes"
     if result.exit_code < 0:
