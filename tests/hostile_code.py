@@ -1,0 +1,106 @@
+"""Hostile completions for code-execution grading (importable as tests.hostile_code): function
+bodies for any HumanEval-style task, each of which must grade as a plain failure.
+
+* forgeries look for the run's pass marker (a 32-hex nonce) wherever the candidate's code
+  might reach it (module globals, frames by every route, gc, raw memory) and replay it on
+  every file descriptor and on stdout, then exit 0: they pass only if they found it;
+* cheats try to pass without the right answer (objects equal to anything, the tests read
+  back from linecache, early exits, printed markers);
+* escapes and bombs first try something the sandbox must refuse (a root-only host file, a
+  host UNIX socket, memfd/shm/tmpfs/thread bombs) and then run the honest body: they pass
+  only if the sandbox let the attempt through.
+"""
+
+from __future__ import annotations
+
+_SCAN = (
+    "    import os, re\n    found = set()\n"
+    "    def scan(namespace):\n"
+    "        for v in list(namespace.values()):\n"
+    "            b = v.encode() if isinstance(v, str) else v\n"
+    "            if isinstance(b, bytes) and re.fullmatch(rb'[0-9a-f]{32}', b):\n"
+    "                found.add(b)\n"
+)
+_WALK = "    while f:\n        scan(f.f_locals)\n        scan(f.f_globals)\n        f = f.f_back\n"
+_REPLAY = (
+    "    for n in found:\n        for fd in range(3, 20):\n"
+    "            try:\n                os.write(fd, n)\n            except OSError:\n                pass\n"
+    "        print('\\n' + n.decode(), flush=True)\n    os._exit(0)\n"
+)
+
+FORGERIES = {
+    "marker-in-main-globals": _SCAN + "    import __main__\n    scan(vars(__main__))\n" + _REPLAY,
+    "marker-by-getframe": _SCAN + "    import sys\n    f = sys._getframe()\n" + _WALK + _REPLAY,
+    "marker-by-traceback": _SCAN
+    + "    try:\n        raise ValueError\n    except ValueError as e:\n        f = e.__traceback__.tb_frame\n"
+    + _WALK
+    + _REPLAY,
+    "marker-by-generator-frame": _SCAN
+    + "    def g():\n        yield 1\n    f = g().gi_frame.f_back\n"
+    + _WALK
+    + _REPLAY,
+    "marker-by-current-frames": _SCAN
+    + "    import sys\n    for f in list(sys._current_frames().values()):\n"
+    + "        while f:\n            scan(f.f_locals)\n            f = f.f_back\n"
+    + _REPLAY,
+    "marker-by-inspect": _SCAN
+    + "    import inspect\n    for info in inspect.stack():\n        scan(info.frame.f_locals)\n"
+    + _REPLAY,
+    "marker-by-gc": _SCAN
+    + "    import gc\n    for o in gc.get_objects():\n        if isinstance(o, dict):\n            scan(o)\n"
+    + _REPLAY,
+    "marker-by-settrace": _SCAN
+    + "    import sys\n    frames = []\n    sys.settrace(lambda f, e, a: frames.append(f))\n"
+    + "    def probe():\n        pass\n    probe()\n    sys.settrace(None)\n    for f in frames:\n"
+    + "        while f:\n            scan(f.f_locals)\n            f = f.f_back\n"
+    + _REPLAY,
+    "marker-by-signal-frame": _SCAN
+    + "    import signal, time\n    frames = []\n    signal.signal(signal.SIGALRM, lambda s, f: frames.append(f))\n"
+    + "    signal.setitimer(signal.ITIMER_REAL, 0.01)\n    time.sleep(0.1)\n"
+    + "    for f in frames:\n        while f:\n            scan(f.f_locals)\n            f = f.f_back\n"
+    + _REPLAY,
+    "marker-by-proc-self-mem": "    import os, re\n    found = set()\n"
+    "    mem = open('/proc/self/mem', 'rb', 0)\n    for line in open('/proc/self/maps'):\n"
+    "        span, perms = line.split()[:2]\n        lo, hi = (int(x, 16) for x in span.split('-'))\n"
+    "        if 'rw' not in perms or hi - lo > 1 << 26:\n            continue\n"
+    "        try:\n            mem.seek(lo)\n            data = mem.read(hi - lo)\n        except OSError:\n            continue\n"
+    "        found.update(re.findall(rb'([0-9a-f]{32})\\n(?:from|import|def) ', data))\n"
+    '        found.update(re.findall(rb\'"nonce": "([0-9a-f]{32})"\', data))\n' + _REPLAY,
+    "marker-by-ctypes": "    import ctypes\n    return ctypes.string_at(id(0), 64)\n",
+    "marker-by-crafted-bytecode": "    f = lambda: 0\n    f.__code__ = f.__code__.replace(co_code=b'd\\xff' * 4)\n    return f()\n",
+}
+
+CHEATS = {
+    "always-equal": "    class Eq:\n        def __eq__(self, other):\n            return True\n"
+    "        def __bool__(self):\n            return True\n    return Eq()\n",
+    "always-equal-int": "    class Eq(int):\n        def __eq__(self, other):\n            return True\n    return Eq(0)\n",
+    "tests-read-from-linecache": "    args = tuple(locals().values())\n    import linecache, re\n"
+    "    src = ''.join(linecache.getlines('<candidate>'))\n"
+    "    table = dict(re.findall(r'candidate\\((.*?)\\) == (.+)', src))\n"
+    "    return eval(table[repr(args)[1:-1].rstrip(',')])\n",
+    "os-exit-zero": "    import os\n    os._exit(0)\n",
+    "system-exit-zero": "    raise SystemExit(0)\n",
+    "printed-marker": "    import os\n    print('\\n' + '0' * 32, flush=True)\n    os._exit(0)\n",
+    "print-patched": "    import builtins, sys, io\n    builtins.print = lambda *a, **k: None\n"
+    "    sys.stdout = io.StringIO()\n    raise ValueError('hidden')\n",
+    "fake-bwrap-error": "    import os, sys\n    sys.stderr.write('bwrap: Can\\'t mount proc on /newroot/proc: Operation not permitted\\n')\n"
+    "    sys.stderr.flush()\n    os._exit(1)\n",
+}
+
+
+def escapes(honest: str, secret_path: str, socket_path: str) -> dict[str, str]:
+    """Attempts the sandbox must refuse, each followed by the honest body."""
+    attempts = {
+        "read-root-only-file": f"    open({secret_path!r}).read()\n",
+        "connect-host-unix-socket": "    import socket\n    s = socket.socket(socket.AF_UNIX)\n"
+        f"    s.connect({socket_path!r})\n",
+        "memfd-bomb": "    import os\n    fds = [os.memfd_create('bomb') for _ in range(32)]\n"
+        "    for fd in fds:\n        os.ftruncate(fd, 1 << 30)\n        os.posix_fallocate(fd, 0, 1 << 30)\n",
+        "dev-shm-bomb": "    with open('/dev/shm/bomb', 'wb') as f:\n        f.write(b'x' * (1 << 28))\n",
+        "tmpfs-bomb": "    for i in range(64):\n        with open(f'/tmp/bomb{i}', 'wb') as f:\n"
+        "            f.write(b'x' * (8 << 20))\n",
+        "thread-bomb": "    import threading, time\n    for _ in range(2000):\n"
+        "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n",
+        "process-bomb": "    import os\n    os.fork()\n",
+    }
+    return {name: attempt + honest for name, attempt in attempts.items()}
