@@ -17,7 +17,7 @@ GRADER_VERSIONS: dict[str, str] = {  # by canonical name (specs.CANONICAL_GRADER
     "regex": "1",
     "contains": "1",
     "json": "1",
-    "code": "1",
+    "code": "2",  # 2: tests apart from the candidate (own builtins, plain return values only)
     "judge": "1",
 }
 assert set(GRADER_VERSIONS) == set(CANONICAL_GRADERS)
