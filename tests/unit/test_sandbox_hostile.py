@@ -156,6 +156,13 @@ class TestHostIsolation:
         assert not result.passed and marker in result.stdout_tail
 
 
+def test_bwrap_failing_for_real_is_sandbox_unavailable() -> None:
+    # the counterpart of the fake "bwrap:" line: bwrap itself refuses (a tmpfs size it rejects),
+    # the bootstrap never writes its first byte, and the run is the worker's fault
+    with pytest.raises(SandboxUnavailable, match="the sandbox did not start: bwrap: --size"):
+        run_program("pass", Limits(tmpfs_bytes=-5))
+
+
 def test_a_named_cgroup_that_cannot_serve_is_an_error_not_a_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     # this host's memory controller is cgroup v1 (or absent): no cgroup.subtree_control there
     monkeypatch.setenv("SANDBOX_CGROUP", "/sys/fs/cgroup/memory")

@@ -115,8 +115,9 @@ _CHUNK = 65536
 EXIT_EARLY_EXIT = 3  # the program called exit() before it finished
 _STARTED = b"S"  # the bootstrap's first word on the status fd: the sandbox stood up
 # Each run gets a host uid of its own from this range (when the worker is root): runs share
-# no uid, so neither RLIMIT_NPROC's per-user count nor anything else joins them.
-SANDBOX_UID_BASE = 200_000
+# no uid, so neither RLIMIT_NPROC's per-user count nor anything else joins them. Far above
+# login users (1000+) and the usual subordinate-id ranges of /etc/subuid (100000+).
+SANDBOX_UID_BASE = 1_900_000_000
 _UID_SLOTS = 1024
 
 # Runs first inside the sandbox, as python -I -S -c BOOTSTRAP <payload fd> <status fd>
@@ -150,7 +151,6 @@ def _bootstrap():
     (payload_fd, status_fd, mem, fsize, cpu, nofile, nproc, uid, early_exit) = (
         int(a) for a in sys.argv[1:10])
     dynload = os.path.normpath(sys.argv[10]) + os.sep
-    os.write(status_fd, b"S")
     if uid:  # the worker is root: leave root (and every capability) for good
         os.setgroups([])
         os.setresgid(uid, uid, uid)
@@ -290,6 +290,7 @@ def _bootstrap():
 
     done = _thread.allocate_lock()
     done.acquire()
+    os.write(status_fd, b"S")  # the sandbox stood up: whatever fails from here on is the program's
     _thread.start_new_thread(run, ())
     del run
     try:
