@@ -133,9 +133,16 @@ async def test_hostile_code_fails_and_the_worker_keeps_serving(
         **escapes(task["canonical_solution"], secret, socket_path),
     }
     completions = {**{f"hostile/{k}": v for k, v in attacks.items()}, "honest": task["canonical_solution"]}
+    # HumanEval/50's tests call the prompt's encode_shift: a completion redefining it as the
+    # identity (and decoding as the identity) must not pass
+    helper_task = read_problems()["HumanEval/50"]
+    completions["hostile/redefine-prompt-helper"] = (
+        "    return s\n\n\ndef encode_shift(s: str):\n    return s\n"
+    )
+    tasks = {item_id: helper_task if item_id.endswith("prompt-helper") else task for item_id in completions}
     dataset = write_jsonl(
         tmp_path / "hostile.jsonl",
-        [{**{k: task[k] for k in TASK_FIELDS}, "task_id": item_id} for item_id in completions],
+        [{**{k: tasks[item_id][k] for k in TASK_FIELDS}, "task_id": item_id} for item_id in completions],
     )
     answers = write_jsonl(
         tmp_path / "hostile-answers.jsonl",

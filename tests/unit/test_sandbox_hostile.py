@@ -32,6 +32,17 @@ YARDSTICK_ATTACKS = {
 }
 
 
+# a task whose tests call a helper of its prompt: redefined (at module level, after the body)
+# as the identity, it would let the identity pass for `decode`
+HELPER_PROMPT = (
+    'def encode(s: str) -> str:\n    return s[::-1]\n\n\ndef decode(s: str) -> str:\n    """Undo encode."""\n'
+)
+HELPER_TEST = (
+    "def check(candidate):\n    for s in ('abc', 'hello'):\n        assert candidate(encode(s)) == s\n"
+)
+HELPER_ITEM = Item(id="decode", question=HELPER_PROMPT, entry_point="decode", test=HELPER_TEST)
+
+
 @pytest.fixture
 def root_only_file() -> Iterator[str]:
     """A file only root may read, in a host folder (the tests run as root here)."""
@@ -85,6 +96,12 @@ class TestHostileCompletions:
     def test_tests_yardsticks_cannot_be_rewritten(self, name: str) -> None:
         assert self.grade(HONEST, FLOAT_ITEM).correct
         assert self.grade(YARDSTICK_ATTACKS[name], FLOAT_ITEM).correct is False
+
+    def test_prompt_helpers_cannot_be_redefined(self) -> None:
+        assert self.grade("    return s[::-1]\n", HELPER_ITEM).correct
+        assert self.grade("    return s\n\n\ndef encode(s):\n    return s\n", HELPER_ITEM).correct is False
+        whole = "```python\ndef encode(s):\n    return s\n\n\ndef decode(s):\n    return s\n```"
+        assert self.grade(whole, HELPER_ITEM).correct is False
 
     def test_fake_bwrap_error_reads_as_the_programs_failure(self) -> None:
         # graded (SandboxUnavailable would raise), as the program's own failure

@@ -462,11 +462,14 @@ def _execute(
     *,
     tests: str | None = None,
     entry_point: str | None = None,
+    helpers: str | None = None,
 ) -> SandboxResult:
     layout = _layout(python)
     parent = cgroup_parent()
     nonce = secrets.token_hex(16)
-    payload = json.dumps({"nonce": nonce, "program": source, "tests": tests, "entry_point": entry_point})
+    payload = json.dumps(
+        {"nonce": nonce, "program": source, "tests": tests, "entry_point": entry_point, "helpers": helpers}
+    )
     payload_fd = _memfd("evalstream-program", payload.encode("utf-8", "replace"))  # lone surrogates
     seccomp_fd = _memfd("evalstream-seccomp", _seccomp_filter(platform.machine()))
     status_read, status_write = os.pipe()
@@ -580,14 +583,16 @@ def run_program(
     *,
     tests: str | None = None,
     entry_point: str | None = None,
+    helpers: str | None = None,
     python: str | None = None,
     bwrap: str | None = None,
 ) -> SandboxResult:
     """Runs `source` as a Python module in the sandbox and reports how it ended.
 
-    With `tests` and `entry_point` (HumanEval), the tests run after `source`, in its
-    namespace with builtins and modules restored, and `check(<entry_point>)` is called with
-    the entry point held to plain return values.
+    With `tests` and `entry_point` (HumanEval), the tests run after `source`, in a namespace
+    of their own with builtins and modules restored, and `check(<entry_point>)` is called
+    with the entry point held to plain return values. `helpers` (the task's prompt) runs
+    first on its own: its definitions are those the tests see, whatever `source` redefines.
     A program passes when it runs to its end: an exception, exit() or a signal fails it.
     Raises SandboxUnavailable when the sandbox cannot be set up (never runs code without it).
     """
@@ -595,4 +600,6 @@ def run_program(
         raise ValueError("tests and entry_point go together")
     check_sandbox(python, bwrap)
     bwrap_path, python_path = _resolve(python, bwrap)
-    return _execute(source, limits, bwrap_path, python_path, tests=tests, entry_point=entry_point)
+    return _execute(
+        source, limits, bwrap_path, python_path, tests=tests, entry_point=entry_point, helpers=helpers
+    )

@@ -3,7 +3,7 @@
 <uid to drop to, 0: none> <early-exit code> <lib-dynload dir>`. The worker never imports it:
 it reads this file as text. Standard library only.
 
-The payload (JSON: nonce, program, tests, entry point) comes through an inherited memfd: not
+The payload (JSON: nonce, program, tests, entry point, helpers) comes through an inherited memfd: not
 argv (size limits), not stdin (left to the program). The status fd gets one byte once the
 sandbox stood up (the uid dropped, rlimits set, the hook armed: anything failing before is
 the worker's fault), and the nonce once the program and its tests ran to their end: that is
@@ -22,9 +22,10 @@ a pass. The nonce is kept where the candidate's code cannot reach it:
   their attributes can all be rewritten by that code). Hence the unusual style below: no
   helper module, no builtin looked up late.
 
-With tests (HumanEval): after the candidate's code ran, builtins and sys.modules are put
-back, then the tests run in a namespace of their own (the program's names, less those
-shadowing builtins; a private copy of the builtins) and `check(<entry point>)` is called
+With tests (HumanEval): the task's helpers (its prompt) run first on their own; after the
+candidate's code ran, builtins and sys.modules are put back, then the tests run in a
+namespace of their own (the helpers' names, or else the program's, less those shadowing
+builtins; the candidate's entry point; a private copy of the builtins) and `check(<entry point>)` is called
 with the entry point wrapped so that it may only return plain values (bool, int, float,
 str, None, and lists, tuples, dicts and sets of them): an object whose __eq__ always
 answers True fails instead of passing.
@@ -78,8 +79,7 @@ def _bootstrap():
         "string",
         "hashlib",
         "random",
-        "fractions",
-        "statistics",
+        "copy",
     ):
         __import__(name)
     write, exit_now, compile_, exec_, type_ = os.write, os._exit, compile, exec, type
@@ -187,17 +187,25 @@ def _bootstrap():
                 payload = loads(f.read())
             nonce = payload["nonce"].encode()
             program, tests, entry = payload["program"], payload["tests"], payload["entry_point"]
+            helpers = None  # the task's own definitions, as the tests should see them
+            if payload["helpers"] is not None:
+                helpers = {"__name__": "__helpers__", "__builtins__": dict_(saved_builtins)}
+                try:  # before any candidate code; a prompt that cannot run alone has none
+                    exec_(compile_(payload["helpers"], "<prompt>", "exec"), helpers)
+                except Exception:
+                    helpers = None
             namespace = {"__name__": "__candidate__", "__builtins__": builtins}
             exec_(compile_(program, "<candidate>", "exec"), namespace)
             if tests is not None:
                 restore()
-                # The tests get a namespace of their own: the program's definitions (its
-                # helpers) but no name of its shadowing a builtin, and builtins of their
-                # own, so that nothing the candidate's code does while it is being
-                # tested reaches the names the tests look up.
-                scope: dict[str, Any] = {
-                    n: v for n, v in namespace.items() if n not in saved_builtins or n == entry
-                }
+                # The tests get a namespace of their own: the task's helpers (run apart
+                # from the candidate's code, which cannot redefine them; else the
+                # program's definitions) but no name shadowing a builtin, the candidate's
+                # entry point, and builtins of their own, so that nothing the candidate's
+                # code does while it is being tested reaches the names the tests look up.
+                source = namespace if helpers is None else helpers
+                scope: dict[str, Any] = {n: v for n, v in source.items() if n not in saved_builtins}
+                scope[entry] = namespace[entry]
                 scope["__builtins__"] = dict_(saved_builtins)
                 scope["__name__"] = "__tests__"
                 offset = "\n" * (program.count("\n") + 2)  # line numbers of the whole program

@@ -96,7 +96,9 @@ def code_exec(limits: Limits = DEFAULT_LIMITS) -> Grader:
         if not candidate:
             return Grade(extracted=None, correct=False, score=0.0, detail="no code in the response")
         tests = f"{item.test}\n"
-        result = run_program(candidate, limits, tests=tests, entry_point=item.entry_point)
+        result = run_program(
+            candidate, limits, tests=tests, entry_point=item.entry_point, helpers=item.question or None
+        )
         program = f"{candidate}\n\n{tests}"  # as the sandbox numbers its lines
         return Grade(
             extracted=candidate[:MAX_EXTRACTED],
