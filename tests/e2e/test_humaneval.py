@@ -162,7 +162,7 @@ async def test_hostile_code_fails_and_the_worker_keeps_serving(
     passed = sorted(item_id for item_id, r in rows.items() if r["correct"])
     assert passed == ["honest"], f"hostile code passed: {passed}"
     assert (summary["total"], summary["succeeded"]) == (len(completions), len(completions))
-    assert summary["accuracy"] == pytest.approx(1 / len(completions))
+    assert summary["accuracy"] == pytest.approx(1 / len(completions), abs=1e-4)  # rounded
     with pytest.raises(BlockingIOError):
         server.accept()  # nothing reached the host's socket
     # the worker survived all of it and still serves: same process, ready, grading correctly
