@@ -67,6 +67,12 @@ FORGERIES = {
     "        found.update(re.findall(rb'([0-9a-f]{32})\\n(?:from|import|def) ', data))\n"
     '        found.update(re.findall(rb\'"nonce": "([0-9a-f]{32})"\', data))\n' + _REPLAY,
     "marker-by-ctypes": "    import ctypes\n    return ctypes.string_at(id(0), 64)\n",
+    "marker-by-str-subclass-import": "    import _imp, importlib.util\n    class Name(str):\n"
+    "        def startswith(self, *args):\n            return False\n"
+    "        def __eq__(self, other):\n            return False\n"
+    "        def __hash__(self):\n            return 0\n"
+    "    spec = importlib.util.find_spec('_ctypes')\n    spec.name = Name('_ctypes')\n"
+    "    return _imp.create_dynamic(spec).addressof\n",
     "marker-by-crafted-bytecode": "    f = lambda: 0\n    f.__code__ = f.__code__.replace(co_code=b'd\\xff' * 4)\n    return f()\n",
 }
 

@@ -138,6 +138,24 @@ class TestHostIsolation:
         with pytest.raises(BlockingIOError):
             server.accept()
 
+    @pytest.mark.parametrize(
+        "load",
+        [
+            "import ctypes",
+            "import _testcapi",
+            "import shutil, importlib.machinery as m\n"  # a copy of _ctypes outside lib-dynload
+            "shutil.copy(importlib.util.find_spec('_ctypes').origin, '/tmp/_ctypes.so')\n"
+            "m.ExtensionFileLoader('_ctypes', '/tmp/_ctypes.so').load_module()",
+            "class Name(str):\n    def startswith(self, *a):\n        return False\n"  # a name that lies
+            "    def __eq__(self, other):\n        return False\n    def __hash__(self):\n        return 0\n"
+            "spec = importlib.util.find_spec('_ctypes')\nspec.name = Name('_ctypes')\n_imp.create_dynamic(spec)",
+        ],
+    )
+    def test_native_code_cannot_be_loaded(self, load: str) -> None:
+        result = run_program(f"import _imp, importlib.util\n{load}\nprint('loaded')")
+        assert not result.passed and "loaded" not in result.stdout_tail
+        assert result.stderr_tail.rstrip().splitlines()[-1].startswith("ImportError:"), result.stderr_tail
+
     def test_threads_are_bounded(self) -> None:
         program = (
             "import threading, time\nn = 0\ntry:\n    for _ in range(10000):\n"

@@ -130,10 +130,13 @@ def _bootstrap():
                 raise value_error("sys._getframe is not available in the sandbox")
             raise denied_error(event + " is not allowed in the sandbox")
         if event == "object.__getattr__" and args[1] in denied_attrs:
-            raise denied_error(str_(args[1]) + " is not readable in the sandbox")
+            raise denied_error(args[1] + " is not readable in the sandbox")  # a C string: exact str
         if event == "import":
             name, filename = args[0], args[1]
-            if name in denied_modules or name.startswith("_test") or name.startswith("_ctypes"):
+            # exact str only: a str subclass could answer startswith/normpath as it likes
+            if type_(name) is not str_ or (filename is not None and type_(filename) is not str_):
+                raise import_error("module names and paths must be plain strings in the sandbox")
+            if name in denied_modules or name.startswith(("_test", "_ctypes", "_xx")):
                 raise import_error("module " + str_(name) + " is not available in the sandbox")
             if filename is not None and not normpath(filename).startswith(dynload):
                 raise import_error("extension modules load only from the standard library")
