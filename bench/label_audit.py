@@ -1,0 +1,317 @@
+"""7. Gold-label audit: the reliability-aware scorer (`evalctl audit`, default) against the
+majority vote (`--method majority`) on generated sets with planted label errors.
+
+No stack: the sets are generated, every model's response is rendered in one of several styles
+and graded by the worker's real graders ("auto"), and the audit runs on what a run would have
+recorded (extracted answer, correct, error), as `evalctl audit` does. The grid: label error
+rate 2, 5, 10, 15 %; 2 to 5 models; mean model accuracy 55, 70, 85, 95 % (the models of a
+cell spread ±5 points around it); every set a third numeric (responses "42", "The answer is
+42.", "... #### 42", "\\boxed{42}"), a third four-way multiple choice ("B", "(B) text", ...) and
+a third short free text ("Paris", "The answer is Paris.", "**Paris**").
+
+How errors look: a model that is wrong picks one of the item's plausible wrong answers (an
+off-by-one sum, an attractive distractor, a near-synonym; Zipf-weighted, so wrong models
+often agree) or, for numbers and text, something of its own; 2 % of wrong answers say
+nothing readable. A planted gold error is one of the plausible wrong answers (for choice,
+any other letter). Models err independently given the item (no item difficulty).
+
+Per cell: recall and precision of the flags at the default threshold (0.5), the average
+precision (AP) of the ranking by score, and the best recall at precision >= 0.85 along the
+ranking; the same for the majority vote (AP ranks by the share of models agreeing on one
+non-gold answer). Goals (issue 16): recall >= 0.95 at precision >= 0.85 in every cell with at
+least 3 models averaging >= 70 %; better than the majority vote (AP and F1) in every 2-model
+cell. `--quick`: a 2x2x2 grid of 600-item sets.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import arg_parser, goal_row, log, write_result
+from evalstream.cli.audit import MAJORITY, RELIABILITY, THRESHOLD, audit
+from evalstream.common.messages import Item
+from evalstream.worker.grading import get_grader
+
+NAME = "label_audit"
+ERROR_RATES = (0.02, 0.05, 0.10, 0.15)
+MODEL_COUNTS = (2, 3, 4, 5)
+ACCURACIES = (0.55, 0.70, 0.85, 0.95)
+SPREAD = 0.05
+ITEMS = 2000
+TARGET_RECALL, TARGET_PRECISION = 0.95, 0.85
+NUMERIC_SLIPS = (1, -1, 10, -10, 2, -2, 9, 11, 100, -100)
+UNREADABLE_SHARE = 0.02
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _zipf_pick(rng: random.Random, options: Sequence[str]) -> str:
+    return rng.choices(options, weights=[1 / (r + 1) for r in range(len(options))])[0]
+
+
+def generate(
+    n: int, error_rate: float, accuracies: Sequence[float], seed: int
+) -> tuple[list[Item], dict[str, dict[str, dict[str, Any]]], set[str]]:
+    """(items, model -> what a run records per item, the ids of the planted errors)."""
+    rng = random.Random(seed)
+    items: list[Item] = []
+    truths: list[str] = []
+    plausible: list[list[str]] = []
+    planted: set[str] = set()
+    for i in range(n):
+        item_id = f"q{i:05d}"
+        style = i % 3
+        if style == 0:
+            a, b = rng.randint(100, 4999), rng.randint(100, 4999)
+            truth = str(a + b)
+            wrong = [str(a + b + d) for d in rng.sample(NUMERIC_SLIPS, 6)]
+            question, choices = f"What is {a} + {b}?", None
+        elif style == 1:
+            truth = rng.choice("ABCD")
+            wrong = [x for x in "ABCD" if x != truth]
+            rng.shuffle(wrong)
+            question, choices = f"Question {i}: which one?", [f"option {i}-{k}" for k in range(4)]
+        else:
+            truth = f"word{i}"
+            wrong = [f"word{i}{suffix}" for suffix in rng.sample(["s", "ed", "ing", "er", "ly", "x"], 5)]
+            question, choices = f"Name the thing number {i}.", None
+        gold = truth
+        if rng.random() < error_rate:
+            gold = rng.choice(wrong)
+            planted.add(item_id)
+        items.append(Item(id=item_id, question=question, answer=gold, choices=choices))
+        truths.append(truth)
+        plausible.append(wrong)
+
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    for j, accuracy in enumerate(accuracies):
+        model = f"model-{j + 1}"
+        recorded: dict[str, dict[str, Any]] = {}
+        for item, truth, wrong in zip(items, truths, plausible, strict=True):
+            said = truth if rng.random() < accuracy else _wrong_answer(rng, item, wrong)
+            grade = get_grader("auto", item)(_render(rng, item, said), item)
+            recorded[item.id] = {"extracted": grade.extracted, "correct": grade.correct, "error": None}
+        runs[model] = recorded
+    return items, runs, planted
+
+
+def _wrong_answer(rng: random.Random, item: Item, wrong: list[str]) -> str | None:
+    if rng.random() < UNREADABLE_SHARE:
+        return None
+    if item.choices:  # an attractive distractor half the time
+        return wrong[0] if rng.random() < 0.5 else rng.choice(wrong[1:])
+    if rng.random() < 0.7:
+        return _zipf_pick(rng, wrong)
+    if item.question and item.question.startswith("What is"):
+        return str(int(wrong[0]) + rng.randint(-900, 900) * 7 + 3)
+    return f"guess{rng.randrange(10**9)}"
+
+
+def _render(rng: random.Random, item: Item, said: str | None) -> str:
+    if said is None:
+        return rng.choice(["I am not sure.", "", "It depends on the context"])
+    if item.choices:
+        text = item.choices[ord(said) - ord("A")]
+        return rng.choice([said, f"The answer is {said}.", f"({said}) {text}", f"{said}) {text}"])
+    if item.question and item.question.startswith("What is"):
+        return rng.choice(
+            [said, f"The answer is {said}.", f"Adding them up.\n#### {said}", f"\\boxed{{{said}}}"]
+        )
+    return rng.choice([said, f"The answer is {said}.", f"**{said}**"])
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def average_precision(scores: dict[str, float], positives: set[str]) -> float:
+    """Mean of the precision at each planted error's rank; items tied on a score share their
+    block's precision (no tie-breaking in either method's favour)."""
+    if not positives:
+        return 0.0
+    by_score: dict[float, list[str]] = {}
+    for item_id, s in scores.items():
+        by_score.setdefault(s, []).append(item_id)
+    seen = hits = 0
+    total = 0.0
+    for s in sorted(by_score, reverse=True):
+        block = by_score[s]
+        block_hits = sum(i in positives for i in block)
+        # expected precision over the positives of a tied block, taken in random order
+        for k in range(1, block_hits + 1):
+            rank = seen + k * (len(block) + 1) / (block_hits + 1)
+            total += (hits + k) / rank
+        seen += len(block)
+        hits += block_hits
+    return total / len(positives)
+
+
+def best_recall_at(scores: dict[str, float], positives: set[str], precision: float) -> float:
+    """The highest recall of any cut of the ranking (between distinct scores) with at least
+    `precision`."""
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    best, hits = 0.0, 0
+    for k, (item_id, s) in enumerate(ranked, 1):
+        hits += item_id in positives
+        if (k == len(ranked) or ranked[k][1] != s) and hits / k >= precision:
+            best = max(best, hits / len(positives))
+    return best
+
+
+def recall_precision(found: set[str], positives: set[str]) -> tuple[float, float]:
+    hits = len(found & positives)
+    return (hits / len(positives) if positives else 0.0), (hits / len(found) if found else 1.0)
+
+
+def f1(recall: float, precision: float) -> float:
+    return 2 * recall * precision / (recall + precision) if recall + precision else 0.0
+
+
+def majority_scores(items: list[Item], runs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
+    """The majority vote as a ranking: the share of the answering models that agree on the most
+    common non-gold answer."""
+    out = {}
+    for item in items:
+        answered = [r[item.id] for r in runs.values() if r[item.id]["extracted"] is not None]
+        wrong = [str(r["extracted"]) for r in answered if not r["correct"]]
+        top = max((wrong.count(w) for w in set(wrong)), default=0)
+        out[item.id] = top / len(answered) if answered else 0.0
+    return out
+
+
+def cell(n: int, error_rate: float, models: int, accuracy: float, seed: int) -> dict[str, Any]:
+    spread = min(SPREAD, 0.99 - accuracy)
+    accs = [accuracy - spread + 2 * spread * k / (models - 1) for k in range(models)]
+    items, runs, planted = generate(n, error_rate, accs, seed)
+    t0 = time.perf_counter()
+    ours = audit(items, runs, method=RELIABILITY, threshold=THRESHOLD)
+    ours_s = time.perf_counter() - t0
+    scores = ours["reliability"]["scores"]
+    flagged = {f["item_ids"][0] for f in ours["flags"] if f["kind"] == "models_disagree_with_gold"}
+    mv = audit(items, runs, method=MAJORITY)
+    mv_flagged = {f["item_ids"][0] for f in mv["flags"] if f["kind"] == "models_disagree_with_gold"}
+    mv_scores = majority_scores(items, runs)
+    r, p = recall_precision(flagged, planted)
+    mr, mp = recall_precision(mv_flagged, planted)
+    learned = ours["reliability"]["accuracy"]
+    return {
+        "error_rate": error_rate,
+        "models": models,
+        "accuracy": accuracy,
+        "true_accuracies": [round(a, 3) for a in accs],
+        "learned_accuracies": [learned[f"model-{k + 1}"] for k in range(models)],
+        "learned_gold_accuracy": ours["reliability"]["gold_accuracy"],
+        "items": n,
+        "planted": len(planted),
+        "ours": {
+            "recall": round(r, 4),
+            "precision": round(p, 4),
+            "f1": round(f1(r, p), 4),
+            "ap": round(average_precision(scores, planted), 4),
+            "recall_at_p85": round(best_recall_at(scores, planted, TARGET_PRECISION), 4),
+            "flagged": len(flagged),
+            "estimate_s": round(ours_s, 3),
+            "iterations": ours["reliability"]["iterations"],
+        },
+        "majority": {
+            "recall": round(mr, 4),
+            "precision": round(mp, 4),
+            "f1": round(f1(mr, mp), 4),
+            "ap": round(average_precision(mv_scores, planted), 4),
+            "recall_at_p85": round(best_recall_at(mv_scores, planted, TARGET_PRECISION), 4),
+            "flagged": len(mv_flagged),
+        },
+    }
+
+
+def markdown(cells: list[dict[str, Any]]) -> str:
+    lines = [
+        "| error rate | models | mean acc. | planted | ours R / P / AP | majority R / P / AP | ours R@P≥.85 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        o, m = c["ours"], c["majority"]
+        lines.append(
+            f"| {c['error_rate']:.0%} | {c['models']} | {c['accuracy']:.0%} | {c['planted']} "
+            f"| {o['recall']:.2f} / {o['precision']:.2f} / {o['ap']:.2f} "
+            f"| {m['recall']:.2f} / {m['precision']:.2f} / {m['ap']:.2f} | {o['recall_at_p85']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = arg_parser(__doc__)
+    ap.add_argument("--items", type=int, help=f"items per set (default {ITEMS}; --quick 600)")
+    ap.add_argument("--seed", type=int, default=16)
+    args = ap.parse_args()
+    started = time.monotonic()
+    n = args.items or (600 if args.quick else ITEMS)
+    grid = [
+        (e, m, a)
+        for e in (ERROR_RATES[::3] if args.quick else ERROR_RATES)
+        for m in (MODEL_COUNTS[::3] if args.quick else MODEL_COUNTS)
+        for a in ((0.70, 0.95) if args.quick else ACCURACIES)
+    ]
+    cells = []
+    for k, (e, m, a) in enumerate(grid):
+        cells.append(cell(n, e, m, a, args.seed * 1000 + k))
+        c = cells[-1]
+        log(
+            f"error {e:.0%} models {m} acc {a:.0%}: ours R {c['ours']['recall']:.2f} P {c['ours']['precision']:.2f} "
+            f"AP {c['ours']['ap']:.2f}; majority R {c['majority']['recall']:.2f} P {c['majority']['precision']:.2f} "
+            f"AP {c['majority']['ap']:.2f}"
+        )
+    strong = [c for c in cells if c["models"] >= 3 and sum(c["true_accuracies"]) / c["models"] >= 0.70 - 1e-9]
+    strong_met = [
+        c
+        for c in strong
+        if c["ours"]["recall"] >= TARGET_RECALL and c["ours"]["precision"] >= TARGET_PRECISION
+    ]
+    two = [c for c in cells if c["models"] == 2]
+    two_better = [
+        c for c in two if c["ours"]["ap"] > c["majority"]["ap"] and c["ours"]["f1"] > c["majority"]["f1"]
+    ]
+    missed = [
+        f"{c['error_rate']:.0%}/{c['models']}/{c['accuracy']:.0%}: R {c['ours']['recall']:.2f} P {c['ours']['precision']:.2f}"
+        for c in strong
+        if c not in strong_met
+    ]
+    goals = [
+        goal_row(
+            "7a",
+            "label audit: recall ≥ 0.95 at precision ≥ 0.85 (threshold 0.5), cells with ≥ 3 models averaging ≥ 70 %",
+            "every cell",
+            f"{len(strong_met)} of {len(strong)} cells",
+            len(strong_met) == len(strong),
+            f"{n} items per set, a third each numeric/choice/free text; missed (error/models/acc): "
+            + ("; ".join(missed) if missed else "none"),
+        ),
+        goal_row(
+            "7b",
+            "label audit: better than the majority vote (AP and F1), 2-model cells",
+            "every cell",
+            f"{len(two_better)} of {len(two)} cells",
+            len(two_better) == len(two),
+            "median AP ours {:.2f} vs majority {:.2f}".format(
+                sorted(c["ours"]["ap"] for c in two)[len(two) // 2],
+                sorted(c["majority"]["ap"] for c in two)[len(two) // 2],
+            ),
+        ),
+    ]
+    write_result(
+        NAME,
+        {"items_per_set": n, "seed": args.seed, "cells": cells, "table": markdown(cells), "goals": goals},
+        started=started,
+        quick=args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()
