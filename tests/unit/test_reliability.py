@@ -5,6 +5,7 @@ threshold, partial runs)."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,7 @@ def test_an_always_wrong_chooser_is_learned_with_its_confusion() -> None:
     # the suggested gold of a flagged item is the truth the shifted model points at
     some = next(iter(flagged & errors))
     said = next(o for o in obs if o.item_id == some).answers["shifted"]
+    assert said is not None
     assert est.suggested[some][0] == LETTERS[(LETTERS.index(said) - 1) % 4]
 
 
@@ -152,7 +154,7 @@ def test_observations_follow_the_grader() -> None:
         Item(id="c", question="pick", answer="Paris", choices=["Lyon", "Paris", "Nice"]),
         Item(id="t", question="capital", answer="Paris"),
     ]
-    runs = {
+    runs: dict[str, dict[str, dict[str, Any]]] = {
         "m1": {
             "n": {"extracted": "2", "correct": True, "error": None},
             "c": {"extracted": "A", "correct": False, "error": None},

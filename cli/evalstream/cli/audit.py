@@ -500,6 +500,37 @@ async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
         print_audit(report, label)
 
 
+async def accuracy_without_flagged(
+    conn: asyncpg.Connection, settings: Settings, run_id: str, *, threshold: float = THRESHOLD
+) -> dict[str, Any]:
+    """For `evalctl report --exclude-flagged`: the run's accuracy over the items the audit of
+    its dataset version (every completed run on it, this one included) does not flag, beside
+    the raw figure; a failed item scores 0 in both, as in the report."""
+    run = await conn.fetchrow("SELECT dataset_sha256, total FROM runs WHERE run_id = $1", run_id)
+    if run is None:
+        raise LookupError(f"no run {run_id}")
+    rows = await conn.fetch("SELECT item_id, score FROM item_results WHERE run_id = $1", run_id)
+    completed = await conn.fetch(
+        "SELECT run_id FROM runs WHERE dataset_sha256 = $1 AND status = 'completed'", run["dataset_sha256"]
+    )
+    run_ids = sorted({r["run_id"] for r in completed} | {run_id})
+    report, _ = await audit_version(conn, settings, run["dataset_sha256"], run_ids, threshold=threshold)
+    total = run["total"] or len(rows)
+    flagged = set(report["suspects"])
+    score = {r["item_id"]: float(r["score"] or 0.0) for r in rows}
+    kept = total - len(flagged)
+    return {
+        "threshold": threshold,
+        "models": report["models"],
+        "flagged": len(flagged),
+        "skipped": report["skipped"],
+        "accuracy": round(sum(score.values()) / total, 6) if total else None,
+        "accuracy_excluding_flagged": (
+            round(sum(v for i, v in score.items() if i not in flagged) / kept, 6) if kept > 0 else None
+        ),
+    }
+
+
 def probability(text: str) -> float:
     """argparse type: a number in [0, 1]."""
     value = float(text)
