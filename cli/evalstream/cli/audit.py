@@ -26,7 +26,6 @@ Three checks, each flag with its evidence:
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import string
 from collections import Counter, defaultdict
@@ -264,7 +263,7 @@ def reliability_flags(
                     "models_answered": len(o.answers),
                     "models_agreeing_with_gold": agreeing,
                     "answers": shown,
-                    "accuracy": {m: round(est.accuracy_by_kind[m].get(o.kind, math.nan), 4) for m in shown},
+                    "accuracy": {m: round(est.accuracy_by_kind[m][o.kind], 4) for m in shown},
                     "answer_kind": o.kind,
                 },
                 round(score, 6),
