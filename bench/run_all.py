@@ -22,7 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common as c
 
-BENCHMARKS = ["engine_efficiency", "against_lmeval", "pipeline_ceiling", "cache", "worker_start", "batching"]
+BENCHMARKS = [
+    "engine_efficiency",
+    "against_lmeval",
+    "pipeline_ceiling",
+    "cache",
+    "worker_start",
+    "batching",
+    "label_audit",
+]
 BUDGET_S = 30 * 60
 README = c.ROOT / "README.md"
 

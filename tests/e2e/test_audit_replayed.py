@@ -50,14 +50,36 @@ def test_audit_finds_planted_label_errors_in_replayed_runs(tmp_path: Path) -> No
     assert recall >= 0.9, sorted(p.errors - set(report["suspects"]))
     assert precision >= 0.8, sorted(set(report["suspects"]) - p.errors)
     assert set(report["counts"]) == {"conflicting_duplicate", "models_disagree_with_gold", "unparsable_gold"}
+    scores = [f["score"] for f in report["flags"]]
+    assert scores == sorted(scores, reverse=True)  # ranked by score
     flag = next(f for f in report["flags"] if f["kind"] == "models_disagree_with_gold")
     gold = next(r["answer"] for r in p.rows if r["id"] == flag["item_ids"][0])
     assert flag["evidence"]["gold"] == gold and flag["evidence"]["votes"] >= 2
+    assert flag["score"] >= report["threshold"] == 0.5 and flag["evidence"]["suggested_gold"] is not None
+    assert set(flag["evidence"]["accuracy"]) == set(report["models"])
+    learned = report["reliability"]["accuracy"]
+    for model, accuracy in MODEL_ACCURACY.items():  # each model's accuracy, learned from the runs
+        model_spec = next(m for m in learned if model in m)
+        assert abs(learned[model_spec] - accuracy) < 0.05, learned
 
     # the version by its hash prefix, two given runs, and the table
     two = ",".join(runs[m]["run_id"] for m in list(MODEL_ACCURACY)[:2])
     table = evalctl("audit", "--dataset", runs["model-a"]["dataset_sha256"][:12], "--runs", two).stdout
     assert "2 model(s)" in table and "models_disagree_with_gold" in table and "unparsable_gold" in table
+
+    # the report beside the accuracy without the flagged items: higher, since the planted golds
+    # marked right answers wrong; recomputable from the results
+    a_run = runs["model-a"]["run_id"]
+    rep = last_json(evalctl("report", a_run, "--json", "--exclude-flagged").stdout)["label_audit"]
+    suspects = set(report["suspects"])
+    graded = {r["item_id"]: float(r["score"] or 0.0) for r in results_jsonl(a_run)}
+    assert rep["flagged"] == len(suspects) and len(rep["models"]) == 3
+    assert rep["accuracy"] == pytest.approx(sum(graded.values()) / 500)
+    kept = [v for i, v in graded.items() if i not in suspects]
+    assert rep["accuracy_excluding_flagged"] == pytest.approx(sum(kept) / len(kept))
+    assert rep["accuracy_excluding_flagged"] > rep["accuracy"] + 0.05
+    text = evalctl("report", a_run, "--exclude-flagged").stdout
+    assert f"accuracy without the {len(suspects)} item(s)" in text
 
     # compare two of the runs: the paired counts are those of the results
     a, b = (runs[m]["run_id"] for m in ("model-a", "model-c"))

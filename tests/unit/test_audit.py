@@ -15,6 +15,7 @@ import pytest
 from evalstream.cli.audit import (
     AGREEMENT,
     DUPLICATE,
+    MAJORITY,
     UNPARSABLE,
     audit,
     conflicting_duplicates,
@@ -251,9 +252,11 @@ def test_audit_finds_planted_label_errors() -> None:
 
 
 @pytest.mark.parametrize("models", [["model-a", "model-b"], ["model-a", "model-b", "model-c"]])
-def test_more_models_do_not_lower_precision(models: list[str]) -> None:
+def test_more_models_do_not_lower_the_majority_votes_precision(models: list[str]) -> None:
     p = planted_dataset()
     items = items_of(p.rows)
     runs = {m: grade_replay(items, p.answers[m]) for m in models}
-    flagged = {f["item_ids"][0] for f in audit(items, runs)["flags"] if f["kind"] == AGREEMENT}
+    flagged = {
+        f["item_ids"][0] for f in audit(items, runs, method=MAJORITY)["flags"] if f["kind"] == AGREEMENT
+    }
     assert recall_precision(flagged, p.errors)[1] >= 0.9

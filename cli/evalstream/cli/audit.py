@@ -5,11 +5,18 @@ Three checks, each flag with its evidence:
 * `conflicting_duplicate`: the same question (normalised: case, spacing, end punctuation;
   with the same choices) appears more than once with different gold answers. When runs are
   given, the items whose gold the models contradict are the suspects; otherwise all are.
-* `models_disagree_with_gold`: runs of *different* models agree on one answer and the grader
-  says it is not the gold one: a strict majority of the models that answered the item, and
-  at least `--min-agree` of them. Independent models rarely make the same mistake, so their
-  agreement against the gold label points at the label. Several runs of one model count once
-  (the newest), since a model agreeing with itself is no evidence.
+* `models_disagree_with_gold`: the models' answers make the gold answer unlikely. By default
+  (`--method reliability`) every item gets a score, the probability that its gold is wrong,
+  from an EM that learns each model's accuracy (and, for multiple choice, its confusions) from
+  the runs themselves, with the gold as one more annotator (evalstream.cli.reliability):
+  an accurate model agreeing with the gold weighs more than a poor one disagreeing, and an item
+  where no model agrees with the gold is suspect even when the models disagree among
+  themselves. Items scoring `--threshold` or more are flagged, with the score, who answered
+  what, each model's estimated accuracy and a suggested gold. `--method majority` is the older
+  rule: a strict majority of the models that answered, and at least `--min-agree` of them,
+  agree on one answer that is not the gold. Several runs of one model count once (the
+  newest), since a model agreeing with itself is no evidence; runs that answered only part of
+  the set count where they answered.
 * `unparsable_gold`: the dataset's grader cannot read the gold answer (a numeric grader and
   "4O"; a multiple-choice answer that is none of the choices). With the "auto" grader, an
   item whose gold is not a number in a category that is otherwise numeric is flagged too:
@@ -19,6 +26,7 @@ Three checks, each flag with its evidence:
 from __future__ import annotations
 
 import argparse
+import re
 import string
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -28,6 +36,7 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.reliability import CATEGORICAL, Estimate, Observation, estimate
 from evalstream.common.messages import Item
 from evalstream.common.settings import Settings
 
@@ -35,6 +44,11 @@ DUPLICATE = "conflicting_duplicate"
 AGREEMENT = "models_disagree_with_gold"
 UNPARSABLE = "unparsable_gold"
 MIN_AGREE = 2
+THRESHOLD = 0.5  # flag when the gold is more likely wrong than right
+RELIABILITY, MAJORITY = "reliability", "majority"
+CERTAIN = 1.0  # the score of the checks that need no estimate (duplicates, unparsable golds)
+UNLISTED_OPTIONS = 5  # a multiple-choice item without `choices` has letters A-E
+_LONE_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\]]?[.:]?")
 CATEGORY_SHARE = 0.8  # "auto": a category is numeric when this share of its golds are numbers
 _END_PUNCTUATION = (
     string.punctuation + " \u00bf\u00a1\u2026\u201c\u201d\u2018\u2019\u00ab\u00bb\u3002\uff1f\uff01"
@@ -51,6 +65,7 @@ class Flag:
     suspects: list[str]  # the items whose gold label is probably the wrong one
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    score: float = CERTAIN  # how likely the suspects' gold is wrong; flags rank by it
 
 
 def normalise(text: str) -> str:
@@ -149,6 +164,114 @@ def model_agreement(
     return flags
 
 
+def answer_kind(item: Item, grader: str) -> tuple[str, int | None]:
+    """(answer kind, number of letters for multiple choice) of an item under `grader`, the way
+    "auto" resolves it. Pure: the number test is a plain float parse, not the numeric grader's
+    (it only groups items whose wrong answers collide alike)."""
+    name = grader.split(":", 1)[0]
+    if name == "auto":
+        if item.test and item.entry_point:
+            return "code", None
+        if item.choices:
+            return CATEGORICAL, len(item.choices)
+        try:
+            float((item.answer or "").strip().replace(",", "").rstrip("%"))
+        except ValueError:
+            return "exact", None
+        return "numeric", None
+    if name in (CATEGORICAL, "multiple_choice"):
+        return CATEGORICAL, len(item.choices) if item.choices else UNLISTED_OPTIONS
+    return name, None
+
+
+def _gold_letter(item: Item, options: int) -> str | None:
+    """The gold answer as a letter: a lone letter, the text of a choice or a 0-based index."""
+    gold = (item.answer or "").strip()
+    letters = string.ascii_uppercase[:options]
+    if m := _LONE_LETTER.fullmatch(gold):
+        return m[1].upper() if m[1].upper() in letters else None
+    texts = [normalise(c) for c in item.choices or []]
+    if normalise(gold) in texts:
+        return letters[texts.index(normalise(gold))]
+    if gold.isdigit() and int(gold) < len(texts):
+        return letters[int(gold)]
+    return None
+
+
+def observations(items: Sequence[Item], runs: Mapping[str, RunResults], grader: str) -> list[Observation]:
+    """Each item with a gold answer and its models' answers, normalised for the estimator: a
+    model the grader called right said the gold; a failed item is no answer; an answer the
+    grader could not read is an unreadable one."""
+    out = []
+    for item in items:
+        if item.answer is None:
+            continue
+        kind, options = answer_kind(item, grader)
+        results = {m: r[item.id] for m, r in runs.items() if item.id in r and r[item.id].get("error") is None}
+        gold = normalise(item.answer)
+        if kind == CATEGORICAL and options:
+            right = [
+                str(r["extracted"]).upper()
+                for r in results.values()
+                if r.get("correct") and r.get("extracted")
+            ]
+            letter = right[0] if right else _gold_letter(item, options)
+            gold = letter if letter is not None else f"gold:{gold}"  # not a letter: an open item
+        answers: dict[str, str | None] = {}
+        for model, r in results.items():
+            if r.get("correct"):
+                answers[model] = gold
+            elif r.get("extracted") is None:
+                answers[model] = None
+            else:
+                said = str(r["extracted"]).upper() if kind == CATEGORICAL else normalise(str(r["extracted"]))
+                answers[model] = said if said != gold else f"{said} (graded wrong)"
+        out.append(Observation(item.id, gold, answers, kind, options))
+    return out
+
+
+def reliability_flags(
+    items: Sequence[Item], runs: Mapping[str, RunResults], *, grader: str, threshold: float = THRESHOLD
+) -> tuple[list[Flag], Estimate]:
+    """Flags for the items whose gold is wrong with probability `threshold` or more, by the
+    reliability-aware estimate (evalstream.cli.reliability); the estimate too."""
+    obs = observations(items, runs, grader)
+    est = estimate(obs)
+    gold_of = {i.id: i.answer for i in items}
+    flags = []
+    for o in obs:
+        score = est.scores[o.item_id]
+        if score < threshold or not o.answers:
+            continue
+        suggested, probability = est.suggested[o.item_id]
+        shown = {m: runs[m][o.item_id].get("extracted") for m in sorted(o.answers)}
+        votes = sum(a == suggested for a in o.answers.values()) if suggested is not None else 0
+        agreeing = sum(a == o.gold for a in o.answers.values())
+        flags.append(
+            Flag(
+                AGREEMENT,
+                [o.item_id],
+                [o.item_id],
+                f"gold {gold_of[o.item_id]!r} is wrong with probability {score:.2f}: {agreeing} of "
+                f"{len(o.answers)} models agree with it"
+                + (f", {votes} answer {suggested!r}" if suggested is not None else ""),
+                {
+                    "gold": gold_of[o.item_id],
+                    "suggested_gold": suggested,
+                    "suggested_probability": round(probability, 4),
+                    "votes": votes,
+                    "models_answered": len(o.answers),
+                    "models_agreeing_with_gold": agreeing,
+                    "answers": shown,
+                    "accuracy": {m: round(est.accuracy_by_kind[m][o.kind], 4) for m in shown},
+                    "answer_kind": o.kind,
+                },
+                round(score, 6),
+            )
+        )
+    return flags, est
+
+
 def _grading() -> ModuleType | None:
     """The worker's graders, where installed: the producer image carries evalctl without them."""
     try:
@@ -200,24 +323,48 @@ def audit(
     *,
     grader: str = "auto",
     min_agree: int = MIN_AGREE,
+    method: str = RELIABILITY,
+    threshold: float = THRESHOLD,
 ) -> dict[str, Any]:
-    """Every flag, and which checks could not run (and why)."""
-    flags = conflicting_duplicates(items, runs) + model_agreement(items, runs, min_agree=min_agree)
+    """Every flag, highest score first, and which checks could not run (and why). With the
+    reliability method, also what it learned: each model's accuracy, the gold's, and every
+    item's score."""
+    flags = conflicting_duplicates(items, runs)
     skipped: dict[str, str] = {}
+    learned: dict[str, Any] | None = None
     if len(runs) < 2:
         skipped[AGREEMENT] = f"needs runs of at least 2 different models, got {len(runs)}"
+    elif method == MAJORITY:
+        flags += model_agreement(items, runs, min_agree=min_agree)
+    else:
+        found, est = reliability_flags(items, runs, grader=grader, threshold=threshold)
+        flags += found
+        learned = {
+            "accuracy": {m: round(a, 4) for m, a in est.accuracy.items()},
+            "accuracy_by_kind": est.accuracy_by_kind,
+            "gold_accuracy": round(est.gold_accuracy, 4),
+            "coincidence": est.coincidence,
+            "confusion": est.confusion,
+            "iterations": est.iterations,
+            "converged": est.converged,
+            "scores": {i: round(p, 6) for i, p in est.scores.items()},
+        }
     try:
         flags += unparsable_golds(items, grader)
     except ImportError:
         skipped[UNPARSABLE] = "the graders (evalstream.worker) are not installed here"
+    flags.sort(key=lambda f: -f.score)  # stable: equal scores keep the checks' order
     suspects = sorted({s for f in flags for s in f.suspects})
     return {
         "items": len(items),
         "grader": grader,
+        "method": method,
+        "threshold": threshold if method == RELIABILITY else None,
         "models": sorted(runs),
         "counts": dict(Counter(f.kind for f in flags)),
         "suspects": suspects,
         "skipped": skipped,
+        "reliability": learned,
         "flags": [asdict(f) for f in flags],
     }
 
@@ -267,16 +414,27 @@ def print_audit(report: dict[str, Any], label: str) -> None:
     )
     for kind, why in report["skipped"].items():
         print(f"  skipped {kind}: {why}")
+    if learned := report.get("reliability"):
+        models = ", ".join(f"{m} {a:.1%}" for m, a in learned["accuracy"].items())
+        print(f"  estimated accuracy: {models}; gold labels {learned['gold_accuracy']:.1%}")
+        print(f"  flagging items whose gold is wrong with probability >= {report['threshold']}")
     counts = ", ".join(f"{n} {k}" for k, n in sorted(report["counts"].items())) or "no flags"
     print(f"  {counts}; {len(report['suspects'])} suspect item(s)")
     if not report["flags"]:
         return
-    print(f"  {'kind':<26} {'suspects':<24} {'gold':<16} evidence")
+    print(f"  {'score':>5} {'kind':<26} {'suspects':<24} {'gold':<16} evidence")
     for f in report["flags"]:
         ev = f["evidence"]
         if f["kind"] == DUPLICATE:
             gold = " vs ".join(str(v) for v in ev["answers"].values())
             detail = f"same question: {ev['question'][:50]!r}"
+        elif f["kind"] == AGREEMENT and "suggested_gold" in ev:
+            gold = str(ev["gold"])
+            said = ", ".join(f"{m} ({ev['accuracy'][m]:.0%}) {a!r}" for m, a in ev["answers"].items())
+            suggested = ev["suggested_gold"]
+            detail = (
+                f"suggest {suggested!r} ({ev['suggested_probability']:.2f}); " if suggested else ""
+            ) + said
         elif f["kind"] == AGREEMENT:
             gold = str(ev["gold"])
             detail = f"{ev['votes']}/{ev['models_answered']} models say {ev['agreed_answer']!r}"
@@ -285,30 +443,99 @@ def print_audit(report: dict[str, Any], label: str) -> None:
             detail = f["message"] + (
                 f" ({ev['numeric_golds_in_category']} numeric)" if "category" in ev else ""
             )
-        print(f"  {f['kind']:<26} {','.join(f['suspects'])[:24]:<24} {gold[:16]:<16} {detail}")
+        suspects = ",".join(f["suspects"])[:24]
+        print(f"  {f['score']:>5.2f} {f['kind']:<26} {suspects:<24} {gold[:16]:<16} {detail}")
+
+
+async def audit_version(
+    conn: asyncpg.Connection,
+    settings: Settings,
+    dataset_ref: str,
+    run_ids: list[str] | None,
+    *,
+    grader: str | None = None,
+    method: str = RELIABILITY,
+    threshold: float = THRESHOLD,
+    min_agree: int = MIN_AGREE,
+) -> tuple[dict[str, Any], str]:
+    """(the audit report of a dataset version with its runs, the dataset's label). Raises
+    DatasetRefError or LookupError for a dataset or run that is not there."""
+    from evalstream.cli.datasets_cmd import load_ref
+
+    dataset = await load_ref(conn, settings, dataset_ref)
+    runs, run_of, graders = await runs_by_model(conn, dataset.content_sha256, run_ids)
+    grader = grader or (graders[0] if len(graders) == 1 else "auto")
+    report = audit(
+        dataset.items, runs, grader=grader, min_agree=min_agree, method=method, threshold=threshold
+    )
+    label = f"{dataset.label} [{dataset.content_sha256[:12]}]"
+    return {"dataset": dataset.content_sha256, "runs": run_of, **report}, label
 
 
 async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.datasets_cmd import DatasetRefError, load_ref
+    from evalstream.cli.datasets_cmd import DatasetRefError
     from evalstream.cli.main import EXIT_REJECTED, fail, out_json
 
     run_ids = [r.strip() for r in (args.runs or "").split(",") if r.strip()] or None
     conn = await asyncpg.connect(settings.database_url)
     try:
-        try:
-            dataset = await load_ref(conn, settings, args.dataset)
-            runs, run_of, graders = await runs_by_model(conn, dataset.content_sha256, run_ids)
-        except (DatasetRefError, LookupError) as exc:
-            fail(str(exc), EXIT_REJECTED)
+        report, label = await audit_version(
+            conn,
+            settings,
+            args.dataset,
+            run_ids,
+            grader=args.grader,
+            method=args.method,
+            threshold=args.threshold,
+            min_agree=args.min_agree,
+        )
+    except (DatasetRefError, LookupError) as exc:
+        fail(str(exc), EXIT_REJECTED)
     finally:
         await conn.close()
-    grader = args.grader or (graders[0] if len(graders) == 1 else "auto")
-    report = audit(dataset.items, runs, grader=grader, min_agree=args.min_agree)
-    report = {"dataset": dataset.content_sha256, "runs": run_of, **report}
     if args.json:
         out_json(report)
     else:
-        print_audit(report, f"{dataset.label} [{dataset.content_sha256[:12]}]")
+        print_audit(report, label)
+
+
+async def accuracy_without_flagged(
+    conn: asyncpg.Connection, settings: Settings, run_id: str, *, threshold: float = THRESHOLD
+) -> dict[str, Any]:
+    """For `evalctl report --exclude-flagged`: the run's accuracy over the items the audit of
+    its dataset version (every completed run on it, this one included) does not flag, beside
+    the raw figure; a failed item scores 0 in both, as in the report."""
+    run = await conn.fetchrow("SELECT dataset_sha256, total FROM runs WHERE run_id = $1", run_id)
+    if run is None:
+        raise LookupError(f"no run {run_id}")
+    rows = await conn.fetch("SELECT item_id, score FROM item_results WHERE run_id = $1", run_id)
+    completed = await conn.fetch(
+        "SELECT run_id FROM runs WHERE dataset_sha256 = $1 AND status = 'completed'", run["dataset_sha256"]
+    )
+    run_ids = sorted({r["run_id"] for r in completed} | {run_id})
+    report, _ = await audit_version(conn, settings, run["dataset_sha256"], run_ids, threshold=threshold)
+    total = run["total"] or len(rows)
+    flagged = set(report["suspects"])
+    score = {r["item_id"]: float(r["score"] or 0.0) for r in rows}
+    kept = total - len(flagged)
+    return {
+        "threshold": threshold,
+        "models": report["models"],
+        "flagged": len(flagged),
+        "skipped": report["skipped"],
+        "accuracy": round(sum(score.values()) / total, 6) if total else None,
+        "accuracy_excluding_flagged": (
+            round(sum(v for i, v in score.items() if i not in flagged) / kept, 6) if kept > 0 else None
+        ),
+    }
+
+
+def probability(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability between 0 and 1")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -323,7 +550,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--runs", help="comma-separated run ids (default: every completed run on this version)")
     p.add_argument("--grader", help="the dataset's grader SPEC (default: the runs' grader)")
     p.add_argument(
-        "--min-agree", type=int, default=MIN_AGREE, help=f"models that must agree (default {MIN_AGREE})"
+        "--method",
+        choices=(RELIABILITY, MAJORITY),
+        default=RELIABILITY,
+        help="how model answers flag a gold: learned model reliability (default) or a majority vote",
+    )
+    p.add_argument(
+        "--threshold",
+        type=probability,
+        default=THRESHOLD,
+        help=f"reliability: flag items whose gold is wrong with at least this probability (default {THRESHOLD})",
+    )
+    p.add_argument(
+        "--min-agree",
+        type=int,
+        default=MIN_AGREE,
+        help=f"majority: models that must agree (default {MIN_AGREE})",
     )
     p.add_argument("--json", action="store_true", help="the report as one JSON line")
     p.set_defaults(handler=cmd_audit)

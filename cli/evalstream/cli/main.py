@@ -25,6 +25,9 @@ from aiokafka.errors import KafkaError
 from minio.error import MinioException
 
 from evalstream.cli import extensions
+from evalstream.cli.audit import THRESHOLD as AUDIT_THRESHOLD
+from evalstream.cli.audit import accuracy_without_flagged, probability
+from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import report_html, storage, telemetry, topics
 from evalstream.common.lag import group_lag, topic_partitions
@@ -278,6 +281,13 @@ async def cmd_report(args: argparse.Namespace, settings: Settings) -> None:
     try:
         await _run_row(conn, args.run)
         summary = await summarise(conn, args.run)
+        if args.exclude_flagged:
+            try:
+                summary["label_audit"] = await accuracy_without_flagged(
+                    conn, settings, args.run, threshold=args.threshold
+                )
+            except (DatasetRefError, LookupError) as exc:
+                fail(f"cannot audit the run's dataset: {exc}", EXIT_REJECTED)
         page = report_html.render(await report_html.collect(conn, args.run, summary)) if args.html else None
     finally:
         await conn.close()
@@ -314,6 +324,15 @@ def print_report(s: dict[str, Any]) -> None:
                 print(
                     f"    {name:<32} {b['total']:>6} items  accuracy {b['accuracy']:.1%}  failed {b['failed']}"
                 )
+    if audit := s.get("label_audit"):
+        clean = audit["accuracy_excluding_flagged"]
+        print(
+            f"  accuracy without the {audit['flagged']} item(s) whose gold the audit flags: "
+            + (f"{clean:.1%}" if clean is not None else "n/a")
+            + f" (raw {acc}; {len(audit['models'])} model(s) on this dataset version, threshold {audit['threshold']})"
+        )
+        for kind, why in audit["skipped"].items():
+            print(f"    audit skipped {kind}: {why}")
     print(f"  dataset {s['dataset_sha256']}  manifest {s['manifest_sha256']}")
 
 
@@ -587,6 +606,18 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run")
     rep.add_argument("--json", action="store_true")
     rep.add_argument("--html", metavar="FILE", help="also write an HTML report")
+    rep.add_argument(
+        "--exclude-flagged",
+        action="store_true",
+        help="also the accuracy without the items whose gold `evalctl audit` flags (every completed run "
+        "on the run's dataset version votes), beside the raw figure",
+    )
+    rep.add_argument(
+        "--threshold",
+        type=probability,
+        default=AUDIT_THRESHOLD,
+        help=f"with --exclude-flagged: the audit's threshold (default {AUDIT_THRESHOLD})",
+    )
 
     d = sub.add_parser("dlq", help="dead letters of a run")
     dsub = d.add_subparsers(dest="dlq_cmd", required=True)

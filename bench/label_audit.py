@@ -1,0 +1,522 @@
+"""7. Gold-label audit: the reliability-aware scorer (`evalctl audit`, default) against the
+majority vote (`--method majority`) on generated sets with planted label errors.
+
+No stack: the sets are generated, every model's response is rendered in one of several styles
+and graded by the worker's real graders ("auto"), and the audit runs on what a run would have
+recorded (extracted answer, correct, error), as `evalctl audit` does. The grid: label error
+rate 2, 5, 10, 15 %; 2 to 5 models; mean model accuracy 55, 70, 85, 95 % (the models of a
+cell spread ±5 points around it); every set a third numeric (responses "42", "The answer is
+42.", "... #### 42", "\\boxed{42}"), a third four-way multiple choice ("B", "(B) text", ...) and
+a third short free text ("Paris", "The answer is Paris.", "**Paris**").
+
+How errors look: a model that is wrong picks one of the item's plausible wrong answers (an
+off-by-one sum, an attractive distractor, a near-synonym; Zipf-weighted, so wrong models
+often agree) or, for numbers and text, something of its own; 2 % of wrong answers say
+nothing readable. A planted gold error is one of the plausible wrong answers (for choice,
+any other letter). Models err independently given the item (no item difficulty).
+
+Per cell: recall and precision of the flags at the default threshold (0.5), the average
+precision (AP) of the ranking by score, and the best recall at precision >= 0.85 along the
+ranking; the same for the majority vote (AP ranks by the share of models agreeing on one
+non-gold answer). Goals (issue 16): recall >= 0.95 at precision >= 0.85 in every cell with at
+least 3 models averaging >= 70 %; better than the majority vote (AP and F1) in every 2-model
+cell. `--quick`: a 2x2x2 grid of 600-item sets.
+
+cleanlab (confident learning), where it installs (its own venv, bench/.venv-cleanlab, created
+on first use; `--no-cleanlab` skips it): it needs one probability per class from a
+classifier, the same classes for every item, so it runs on the multiple-choice third of each
+set only, with the models' vote shares over the letters (smoothed) as `pred_probs` and the
+gold letter as the label; its `find_label_issues` flags, its label quality ranks. Ours and the
+majority vote are scored on the same items beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import arg_parser, goal_row, log, replace_between, write_result
+from evalstream.cli.audit import MAJORITY, RELIABILITY, THRESHOLD, audit
+from evalstream.common.messages import Item
+from evalstream.worker.grading import get_grader
+
+NAME = "label_audit"
+BENCH = Path(__file__).resolve().parent
+CLEANLAB_VENV = BENCH / ".venv-cleanlab"
+CLEANLAB_VERSION = "2.9.0"
+CLEANLAB_RUNNER = BENCH / "label_audit_cleanlab.py"
+README = BENCH.parent / "README.md"
+README_START, README_END = "<!-- label-audit:start -->", "<!-- label-audit:end -->"
+ERROR_RATES = (0.02, 0.05, 0.10, 0.15)
+MODEL_COUNTS = (2, 3, 4, 5)
+ACCURACIES = (0.55, 0.70, 0.85, 0.95)
+SPREAD = 0.05
+ITEMS = 2000
+TARGET_RECALL, TARGET_PRECISION = 0.95, 0.85
+NUMERIC_SLIPS = (1, -1, 10, -10, 2, -2, 9, 11, 100, -100)
+UNREADABLE_SHARE = 0.02
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _zipf_pick(rng: random.Random, options: Sequence[str]) -> str:
+    return rng.choices(options, weights=[1 / (r + 1) for r in range(len(options))])[0]
+
+
+def generate(
+    n: int, error_rate: float, accuracies: Sequence[float], seed: int
+) -> tuple[list[Item], dict[str, dict[str, dict[str, Any]]], set[str]]:
+    """(items, model -> what a run records per item, the ids of the planted errors)."""
+    rng = random.Random(seed)
+    items: list[Item] = []
+    truths: list[str] = []
+    plausible: list[list[str]] = []
+    planted: set[str] = set()
+    for i in range(n):
+        item_id = f"q{i:05d}"
+        style = i % 3
+        if style == 0:
+            a, b = rng.randint(100, 4999), rng.randint(100, 4999)
+            truth = str(a + b)
+            wrong = [str(a + b + d) for d in rng.sample(NUMERIC_SLIPS, 6)]
+            question, choices = f"What is {a} + {b}?", None
+        elif style == 1:
+            truth = rng.choice("ABCD")
+            wrong = [x for x in "ABCD" if x != truth]
+            rng.shuffle(wrong)
+            question, choices = f"Question {i}: which one?", [f"option {i}-{k}" for k in range(4)]
+        else:
+            truth = f"word{i}"
+            wrong = [f"word{i}{suffix}" for suffix in rng.sample(["s", "ed", "ing", "er", "ly", "x"], 5)]
+            question, choices = f"Name the thing number {i}.", None
+        gold = truth
+        if rng.random() < error_rate:
+            gold = rng.choice(wrong)
+            planted.add(item_id)
+        items.append(Item(id=item_id, question=question, answer=gold, choices=choices))
+        truths.append(truth)
+        plausible.append(wrong)
+
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    for j, accuracy in enumerate(accuracies):
+        model = f"model-{j + 1}"
+        recorded: dict[str, dict[str, Any]] = {}
+        for item, truth, wrong in zip(items, truths, plausible, strict=True):
+            said = truth if rng.random() < accuracy else _wrong_answer(rng, item, wrong)
+            grade = get_grader("auto", item)(_render(rng, item, said), item)
+            recorded[item.id] = {"extracted": grade.extracted, "correct": grade.correct, "error": None}
+        runs[model] = recorded
+    return items, runs, planted
+
+
+def _wrong_answer(rng: random.Random, item: Item, wrong: list[str]) -> str | None:
+    if rng.random() < UNREADABLE_SHARE:
+        return None
+    if item.choices:  # an attractive distractor half the time
+        return wrong[0] if rng.random() < 0.5 else rng.choice(wrong[1:])
+    if rng.random() < 0.7:
+        return _zipf_pick(rng, wrong)
+    if item.question and item.question.startswith("What is"):
+        return str(int(wrong[0]) + rng.randint(-900, 900) * 7 + 3)
+    return f"guess{rng.randrange(10**9)}"
+
+
+def _render(rng: random.Random, item: Item, said: str | None) -> str:
+    if said is None:
+        return rng.choice(["I am not sure.", "", "It depends on the context"])
+    if item.choices:
+        text = item.choices[ord(said) - ord("A")]
+        return rng.choice([said, f"The answer is {said}.", f"({said}) {text}", f"{said}) {text}"])
+    if item.question and item.question.startswith("What is"):
+        return rng.choice(
+            [said, f"The answer is {said}.", f"Adding them up.\n#### {said}", f"\\boxed{{{said}}}"]
+        )
+    return rng.choice([said, f"The answer is {said}.", f"**{said}**"])
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def average_precision(scores: dict[str, float], positives: set[str]) -> float:
+    """Mean of the precision at each planted error's rank; items tied on a score share their
+    block's precision (no tie-breaking in either method's favour)."""
+    if not positives:
+        return 0.0
+    by_score: dict[float, list[str]] = {}
+    for item_id, s in scores.items():
+        by_score.setdefault(s, []).append(item_id)
+    seen = hits = 0
+    total = 0.0
+    for s in sorted(by_score, reverse=True):
+        block = by_score[s]
+        block_hits = sum(i in positives for i in block)
+        # expected precision over the positives of a tied block, taken in random order
+        for k in range(1, block_hits + 1):
+            rank = seen + k * (len(block) + 1) / (block_hits + 1)
+            total += (hits + k) / rank
+        seen += len(block)
+        hits += block_hits
+    return total / len(positives)
+
+
+def best_recall_at(scores: dict[str, float], positives: set[str], precision: float) -> float:
+    """The highest recall of any cut of the ranking (between distinct scores) with at least
+    `precision`."""
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    best, hits = 0.0, 0
+    for k, (item_id, s) in enumerate(ranked, 1):
+        hits += item_id in positives
+        if (k == len(ranked) or ranked[k][1] != s) and hits / k >= precision:
+            best = max(best, hits / len(positives))
+    return best
+
+
+def recall_precision(found: set[str], positives: set[str]) -> tuple[float, float | None]:
+    """Precision is None when nothing is flagged."""
+    hits = len(found & positives)
+    return (hits / len(positives) if positives else 0.0), (hits / len(found) if found else None)
+
+
+def f1(recall: float, precision: float | None) -> float:
+    return 2 * recall * precision / (recall + precision) if precision and recall + precision else 0.0
+
+
+def _fmt(m: dict[str, Any] | None) -> str:
+    if m is None:
+        return "–"
+    precision = "–" if m["precision"] is None else f"{m['precision']:.2f}"
+    return f"{m['recall']:.2f} / {precision} / {m['ap']:.2f}"
+
+
+def _meets(m: dict[str, Any]) -> bool:
+    return bool(m["recall"] >= TARGET_RECALL and (m["precision"] or 0) >= TARGET_PRECISION)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def majority_scores(items: list[Item], runs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
+    """The majority vote as a ranking: the share of the answering models that agree on the most
+    common non-gold answer."""
+    out = {}
+    for item in items:
+        answered = [r[item.id] for r in runs.values() if r[item.id]["extracted"] is not None]
+        wrong = [str(r["extracted"]) for r in answered if not r["correct"]]
+        top = max((wrong.count(w) for w in set(wrong)), default=0)
+        out[item.id] = top / len(answered) if answered else 0.0
+    return out
+
+
+def cell(n: int, error_rate: float, models: int, accuracy: float, seed: int) -> dict[str, Any]:
+    spread = min(SPREAD, 0.99 - accuracy)
+    accs = [accuracy - spread + 2 * spread * k / (models - 1) for k in range(models)]
+    items, runs, planted = generate(n, error_rate, accs, seed)
+    t0 = time.perf_counter()
+    ours = audit(items, runs, method=RELIABILITY, threshold=THRESHOLD)
+    ours_s = time.perf_counter() - t0
+    scores = ours["reliability"]["scores"]
+    flagged = {f["item_ids"][0] for f in ours["flags"] if f["kind"] == "models_disagree_with_gold"}
+    mv = audit(items, runs, method=MAJORITY)
+    mv_flagged = {f["item_ids"][0] for f in mv["flags"] if f["kind"] == "models_disagree_with_gold"}
+    mv_scores = majority_scores(items, runs)
+    r, p = recall_precision(flagged, planted)
+    mr, mp = recall_precision(mv_flagged, planted)
+    learned = ours["reliability"]["accuracy"]
+    choice_ids = [i.id for i in items if i.choices]
+    choice = set(choice_ids)
+    cp = planted & choice
+    choice_only = {
+        "ids": choice_ids,
+        "planted": len(cp),
+        "cleanlab_input": cleanlab_input([i for i in items if i.choices], runs),
+        "ours": _metrics({i for i in flagged if i in choice}, {i: scores[i] for i in choice_ids}, cp),
+        "majority": _metrics(
+            {i for i in mv_flagged if i in choice}, {i: mv_scores[i] for i in choice_ids}, cp
+        ),
+    }
+    return {
+        "error_rate": error_rate,
+        "models": models,
+        "accuracy": accuracy,
+        "true_accuracies": [round(a, 3) for a in accs],
+        "learned_accuracies": [learned[f"model-{k + 1}"] for k in range(models)],
+        "learned_gold_accuracy": ours["reliability"]["gold_accuracy"],
+        "items": n,
+        "planted": len(planted),
+        "ours": {
+            "recall": round(r, 4),
+            "precision": _round(p),
+            "f1": round(f1(r, p), 4),
+            "ap": round(average_precision(scores, planted), 4),
+            "recall_at_p85": round(best_recall_at(scores, planted, TARGET_PRECISION), 4),
+            # the ranking cut where it is at least as precise as the majority vote: does it find more?
+            "recall_at_majority_precision": round(best_recall_at(scores, planted, mp), 4) if mp else None,
+            "flagged": len(flagged),
+            "estimate_s": round(ours_s, 3),
+            "iterations": ours["reliability"]["iterations"],
+        },
+        "majority": {
+            "recall": round(mr, 4),
+            "precision": _round(mp),
+            "f1": round(f1(mr, mp), 4),
+            "ap": round(average_precision(mv_scores, planted), 4),
+            "recall_at_p85": round(best_recall_at(mv_scores, planted, TARGET_PRECISION), 4),
+            "flagged": len(mv_flagged),
+        },
+        "choice_items": choice_only,
+        "_planted": planted,  # dropped before writing
+    }
+
+
+def _metrics(flagged: set[str], scores: dict[str, float], planted: set[str]) -> dict[str, float | None]:
+    r, p = recall_precision(flagged, planted)
+    return {"recall": round(r, 4), "precision": _round(p), "ap": round(average_precision(scores, planted), 4)}
+
+
+# ----------------------------------------------------------------------------- cleanlab
+
+
+def cleanlab_input(items: list[Item], runs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """labels: the gold letter; pred_probs: the models' vote shares over the letters, each
+    letter given a quarter of a vote so that none is impossible."""
+    labels, probs = [], []
+    for item in items:
+        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: len(item.choices or [])]
+        said = [r[item.id] for r in runs.values()]
+        gold = next((str(r["extracted"]) for r in said if r["correct"]), None)
+        labels.append(letters.index(gold) if gold else _gold_index(item, said, letters))
+        votes = [0.25] * len(letters)
+        for r in said:
+            if r["extracted"] is not None and str(r["extracted"]) in letters:
+                votes[letters.index(str(r["extracted"]))] += 1
+        probs.append([v / sum(votes) for v in votes])
+    return {"labels": labels, "pred_probs": probs}
+
+
+def _gold_index(item: Item, said: list[dict[str, Any]], letters: str) -> int:
+    """The gold letter when no model got it (the generator's golds are letters)."""
+    return letters.index((item.answer or "A").strip().upper())
+
+
+def ensure_cleanlab_venv() -> tuple[Path | None, dict[str, Any]]:
+    """(the python of bench/.venv-cleanlab, what happened); created on first use."""
+    py = CLEANLAB_VENV / "bin" / "python"
+    if (
+        py.exists()
+        and subprocess.run([str(py), "-c", "import cleanlab"], capture_output=True).returncode == 0
+    ):
+        return py, {"created": False, "path": str(CLEANLAB_VENV)}
+    log(f"creating {CLEANLAB_VENV} with cleanlab {CLEANLAB_VERSION}")
+    shutil.rmtree(CLEANLAB_VENV, ignore_errors=True)
+    t0 = time.monotonic()
+    try:
+        # a plain venv of the interpreter the project's venv was made from
+        base = Path(sys.base_prefix) / "bin" / "python3"
+        subprocess.run([str(base), "-m", "venv", str(CLEANLAB_VENV)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                str(py),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                f"cleanlab=={CLEANLAB_VERSION}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        return None, {"created": False, "error": f"cleanlab did not install: {exc}"}
+    return py, {"created": True, "path": str(CLEANLAB_VENV), "install_s": round(time.monotonic() - t0, 1)}
+
+
+def run_cleanlab(py: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    request = {"cells": [c["choice_items"]["cleanlab_input"] for c in cells]}
+    proc = subprocess.run(
+        [str(py), str(CLEANLAB_RUNNER)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"cleanlab runner failed: {proc.stderr[-2000:]}")
+    return dict(json.loads(proc.stdout))
+
+
+def markdown(cells: list[dict[str, Any]]) -> str:
+    """The README table: one row per (models, mean accuracy), one column per error rate; each
+    cell "recall / precision / AP" of ours, then the majority vote's."""
+    rates = sorted({c["error_rate"] for c in cells})
+    head = " | ".join(f"{r:.0%} errors: ours R / P / AP · majority R / P / AP" for r in rates)
+    lines = [f"| models | mean acc. | {head} |", "|---|---|" + "---|" * len(rates)]
+    by_key = {(c["models"], c["accuracy"], c["error_rate"]): c for c in cells}
+    for models, accuracy in sorted({(c["models"], c["accuracy"]) for c in cells}):
+        row = []
+        for rate in rates:
+            c = by_key.get((models, accuracy, rate))
+            if c is None:
+                row.append("–")
+                continue
+            o, m = c["ours"], c["majority"]
+            met = models >= 3 and accuracy >= 0.70 and _meets(o)
+            row.append(f"{f'**{_fmt(o)}**' if met else _fmt(o)} · {_fmt(m)}")
+        lines.append(f"| {models} | {accuracy:.0%} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def choice_markdown(cells: list[dict[str, Any]]) -> str:
+    """The multiple-choice items alone, with cleanlab where it ran: average precision of the
+    rankings, recall / precision of the flags."""
+    lines = [
+        "| error rate | models | mean acc. | planted | ours R / P / AP | majority R / P / AP | cleanlab R / P / AP |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        ci = c["choice_items"]
+        lines.append(
+            f"| {c['error_rate']:.0%} | {c['models']} | {c['accuracy']:.0%} | {ci['planted']} "
+            f"| {_fmt(ci['ours'])} | {_fmt(ci['majority'])} | {_fmt(ci.get('cleanlab'))} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = arg_parser(__doc__)
+    ap.add_argument("--items", type=int, help=f"items per set (default {ITEMS}; --quick 600)")
+    ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--no-cleanlab", action="store_true", help="skip the cleanlab comparison")
+    args = ap.parse_args()
+    started = time.monotonic()
+    n = args.items or (600 if args.quick else ITEMS)
+    grid = [
+        (e, m, a)
+        for e in (ERROR_RATES[::3] if args.quick else ERROR_RATES)
+        for m in (MODEL_COUNTS[::3] if args.quick else MODEL_COUNTS)
+        for a in ((0.70, 0.95) if args.quick else ACCURACIES)
+    ]
+    cells = []
+    for k, (e, m, a) in enumerate(grid):
+        cells.append(cell(n, e, m, a, args.seed * 1000 + k))
+        c = cells[-1]
+        log(f"error {e:.0%} models {m} acc {a:.0%}: ours {_fmt(c['ours'])}; majority {_fmt(c['majority'])}")
+    cleanlab_info: dict[str, Any] = {"skipped": "--no-cleanlab"}
+    if not args.no_cleanlab:
+        py, cleanlab_info = ensure_cleanlab_venv()
+        if py is not None:
+            answer = run_cleanlab(py, cells)
+            cleanlab_info["version"] = answer["cleanlab"]
+            for c, found in zip(cells, answer["cells"], strict=True):
+                ci = c["choice_items"]
+                planted = {i for i in ci["ids"] if i in c["_planted"]}
+                flagged = {i for i, bad in zip(ci["ids"], found["issues"], strict=True) if bad}
+                ci["cleanlab"] = _metrics(
+                    flagged, dict(zip(ci["ids"], found["scores"], strict=True)), planted
+                )
+    for c in cells:
+        c["choice_items"].pop("cleanlab_input")
+        c.pop("_planted")
+    strong = [c for c in cells if c["models"] >= 3 and sum(c["true_accuracies"]) / c["models"] >= 0.70 - 1e-9]
+    strong_met = [c for c in strong if _meets(c["ours"])]
+    two = [c for c in cells if c["models"] == 2]
+    two_better = [c for c in two if c["ours"]["ap"] > c["majority"]["ap"]]
+    two_f1 = [c for c in two if c["ours"]["f1"] > c["majority"]["f1"]]
+    two_dominates = [
+        c
+        for c in two
+        if c["majority"]["precision"] is None
+        or (c["ours"]["recall_at_majority_precision"] or 0) >= c["majority"]["recall"]
+    ]
+    missed = [
+        f"{c['error_rate']:.0%}/{c['models']}/{c['accuracy']:.0%}: R/P/AP {_fmt(c['ours'])}"
+        for c in strong
+        if c not in strong_met
+    ]
+    goals = [
+        goal_row(
+            "7a",
+            "label audit: recall ≥ 0.95 at precision ≥ 0.85 (threshold 0.5), cells with ≥ 3 models averaging ≥ 70 %",
+            "every cell",
+            f"{len(strong_met)} of {len(strong)} cells",
+            len(strong_met) == len(strong),
+            f"{n} items per set, a third each numeric/choice/free text; missed (error/models/acc): "
+            + ("; ".join(missed) if missed else "none"),
+        ),
+        goal_row(
+            "7b",
+            "label audit: better than the majority vote (average precision of the ranking), 2-model cells",
+            "every cell",
+            f"{len(two_better)} of {len(two)} cells",
+            len(two_better) == len(two),
+            "median AP ours {:.2f} vs majority {:.2f}; cut where it is at least as precise as the majority, "
+            "ours recalls at least as much in {} of {} cells; F1 at threshold 0.5 higher in {} of {}".format(
+                sorted(c["ours"]["ap"] for c in two)[len(two) // 2],
+                sorted(c["majority"]["ap"] for c in two)[len(two) // 2],
+                len(two_dominates),
+                len(two),
+                len(two_f1),
+                len(two),
+            ),
+        ),
+    ]
+    doc = write_result(
+        NAME,
+        {
+            "items_per_set": n,
+            "seed": args.seed,
+            "cleanlab": cleanlab_info,
+            "cells": cells,
+            "table": markdown(cells),
+            "choice_table": choice_markdown(cells),
+            "goals": goals,
+        },
+        started=started,
+        quick=args.quick,
+    )
+    if not args.quick:
+        README.write_text(replace_between(README.read_text(), README_START, README_END, readme_body(doc)))
+        log("README.md label-audit table updated")
+
+
+def readme_body(doc: dict[str, Any]) -> str:
+    cl = doc["cleanlab"]
+    cleanlab = (
+        f"cleanlab {cl['version']}"
+        if "version" in cl
+        else f"cleanlab not run ({cl.get('error') or cl.get('skipped')})"
+    )
+    goals = "; ".join(f"{g['benchmark']}: {g['measured']}" for g in doc["goals"])
+    return "\n".join(
+        [
+            f"Measured {doc['finished_at'][:16].replace('T', ' ')} by `bench/label_audit.py` in {doc['wall_s']:.0f} s "
+            f"({doc['items_per_set']} items per set, seed {doc['seed']}; {cleanlab}; raw numbers in "
+            "`bench/results/label_audit.json`). Each cell: recall / precision at the default threshold (0.5) "
+            "/ average precision of the ranking, ours (`--method reliability`) · the majority vote "
+            "(`--method majority`); bold: the goal (R ≥ 0.95 at P ≥ 0.85) met where it applies.",
+            "",
+            f"Goals: {goals}.",
+            "",
+            doc["table"],
+            "",
+            "The multiple-choice third alone, where cleanlab applies (one class per letter):",
+            "",
+            doc["choice_table"],
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
