@@ -9,8 +9,8 @@ from evalstream.aggregator.store import _one_per_item, _storable
 from evalstream.common.messages import GenerationParams, Item, ItemResult, RetryPolicy, ShardResult, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.producer.intake import chunk_items
-from evalstream.worker.app import result_messages
 from evalstream.worker.engines.base import GenRequest, TransientEngineError
+from evalstream.worker.publishing import result_messages
 from evalstream.worker.runner import ModelRunner
 
 

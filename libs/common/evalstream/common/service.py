@@ -15,8 +15,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
+import msgspec
 import uvicorn
 from aiokafka import ConsumerRecord
 from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
@@ -27,8 +28,12 @@ from prometheus_client import REGISTRY, make_asgi_app
 
 from evalstream.common import logs, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
+from evalstream.common.messages import decode
 from evalstream.common.metrics import DEAD_LETTERED
 from evalstream.common.settings import Settings
+
+if TYPE_CHECKING:  # the router's image has no database driver
+    import asyncpg
 
 # Kafka's default limit (broker message.max.bytes, producer max.request.size). Messages we
 # build are kept under MESSAGE_BUDGET_BYTES: shards are cut by size as well as by count, and
@@ -237,3 +242,57 @@ async def dead_letter(
 ) -> None:
     await broker.publish(payload, topics.DLQ, key=key, headers=headers)
     DEAD_LETTERED.labels(topic=headers.get(H.ORIGINAL_TOPIC, "?"), reason=reason).inc()
+
+
+S = TypeVar("S")
+
+
+class Started(Generic[S]):
+    """What an app's lifespan makes for its handlers (pool, store, clients), typed: set on
+    startup, read by handlers, which never run before it is set."""
+
+    def __init__(self) -> None:
+        self._value: S | None = None
+
+    def set(self, value: S) -> None:
+        self._value = value
+
+    def get(self) -> S:
+        if self._value is None:
+            raise RuntimeError("used before the app's lifespan started it")
+        return self._value
+
+
+M = TypeVar("M")
+
+
+async def decode_or_dead_letter(broker: KafkaBroker, record: Record, kind: type[M]) -> M | None:
+    """The record's body as a `kind`, or None once it is on eval.dlq: an undecodable message
+    (poison) is recorded and skipped, never allowed to stop its partition."""
+    raw = record.value or b""
+    try:
+        return decode(raw, kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        logging.getLogger("evalstream").warning(
+            "undecodable %s at %s[%d]@%d dead-lettered: %s",
+            kind.__name__,
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+        )
+        await dead_letter(broker, raw, dead_letter_headers(record, exc), key=record.key)
+        return None
+
+
+def database_ready(pool: Callable[[], asyncpg.Pool]) -> ReadyCheck:
+    """A /readyz check: the database answers through the pool `pool()` returns (which
+    raises while the lifespan has not made it yet)."""
+
+    async def database_ready() -> bool:
+        try:
+            return bool(await pool().fetchval("SELECT 1"))
+        except Exception:
+            return False
+
+    return database_ready

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from evalstream.common.messages import ItemResult
+from evalstream.common.reports import summarise
 
 RESULT_COLUMNS = (
     "run_id",
@@ -97,8 +99,11 @@ class DeadLetterRecord:
 
 
 class ResultStore:
+    CREATED_CACHE_SIZE = 10_000  # runs whose creation time is kept (it never changes)
+
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self._created: dict[str, float] = {}
 
     async def known_runs(self, run_ids: Iterable[str]) -> set[str]:
         rows = await self.pool.fetch(
@@ -174,3 +179,35 @@ class ResultStore:
         row = await self.pool.fetchrow("SELECT status, total, recorded FROM runs WHERE run_id = $1", run_id)
         assert row is not None
         return row["status"], row["total"], row["recorded"]
+
+    async def runs_created(self, run_ids: set[str]) -> dict[str, float]:
+        """Unix creation time of each run (cached, bounded: it never changes)."""
+        missing = [r for r in run_ids if r not in self._created]
+        if missing:
+            rows = await self.pool.fetch(
+                "SELECT run_id, extract(epoch FROM created_at)::float8 AS t FROM runs"
+                " WHERE run_id = ANY($1::text[])",
+                missing,
+            )
+            self._created.update({r["run_id"]: r["t"] for r in rows})
+            while len(self._created) > self.CREATED_CACHE_SIZE:
+                self._created.pop(next(iter(self._created)))
+        return {r: self._created[r] for r in run_ids if r in self._created}
+
+    async def complete(self, run_id: str) -> tuple[bool, dict[str, Any]]:
+        """Marks the run completed and stores its summary, in one transaction. Returns
+        (whether this call completed it, the summary): of the handlers that race to
+        complete a run, one gets True."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            first = await conn.fetchval(
+                "UPDATE runs SET status = 'completed', completed_at = now(), updated_at = now()"
+                " WHERE run_id = $1 AND status <> 'completed' RETURNING true",
+                run_id,
+            )
+            summary = await summarise(conn, run_id)
+            await conn.execute(
+                "UPDATE runs SET summary = $2 WHERE run_id = $1",
+                run_id,
+                msgspec.json.encode(summary).decode(),
+            )
+        return bool(first), summary

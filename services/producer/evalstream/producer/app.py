@@ -1,25 +1,22 @@
-"""The producer service: eval.jobs -> validated runs -> eval.shards."""
+"""The producer service: eval.jobs -> validated runs -> eval.shards (intake.py)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
 from evalstream.common import db, keys, service, storage, topics
-from evalstream.common.messages import JobSpec, decode
+from evalstream.common.messages import JobSpec
 from evalstream.common.metrics import RUNS
 from evalstream.common.settings import Settings
 from evalstream.producer.intake import Intake
 
-log = logging.getLogger("evalstream.producer")
 settings = Settings.from_env()
 broker = service.make_broker(settings, "producer")
-state: dict[str, Intake] = {}
+intake = service.Started[Intake]()
 
 
 @broker.subscriber(
@@ -32,13 +29,8 @@ state: dict[str, Intake] = {}
 @service.backoff_on_error(2.0)
 async def on_job(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
-    raw: bytes = record.value or b""
-    try:
-        job = decode(raw, JobSpec)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        # Garbage on eval.jobs never stops the producer: it becomes a dead letter.
-        log.warning("undecodable job at %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc)
-        await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)
+    job = await service.decode_or_dead_letter(broker, record, JobSpec)
+    if job is None:  # garbage on eval.jobs never stops the producer: it is a dead letter
         RUNS.labels(outcome="undecodable").inc()
         return
     run_id = job.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)
@@ -46,25 +38,20 @@ async def on_job(msg: KafkaMessage) -> None:
     async def publish(payload: bytes, key: str) -> None:
         await broker.publish(payload, topics.SHARDS, key=key.encode())
 
-    outcome = await state["intake"].handle(job, run_id, publish)
+    outcome = await intake.get().handle(job, run_id, publish)
     RUNS.labels(outcome=outcome).inc()
 
 
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
-    state["intake"] = Intake(settings, pool, storage.client(settings))
+    intake.set(Intake(settings, pool, storage.client(settings)))
     try:
         yield
     finally:
         await pool.close()
 
 
-async def database_ready() -> bool:
-    try:
-        return bool(await state["intake"].pool.fetchval("SELECT 1"))
-    except Exception:
-        return False
-
-
-app = service.make_app(broker, lifespan=lifespan, ready_checks=[database_ready])
+app = service.make_app(
+    broker, lifespan=lifespan, ready_checks=[service.database_ready(lambda: intake.get().pool)]
+)

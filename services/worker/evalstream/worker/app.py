@@ -1,95 +1,49 @@
 """The worker service: eval.work.<group> -> engine -> eval.results (+ eval.retry, eval.dlq).
 
-The lifecycle lives here (consume, publish, heartbeat); the model work lives in
-runner.ModelRunner. Shards arrive in small batches (up to WORKER_MAX_SHARDS, waiting at
-most BATCH_MAX_WAIT_MS), so that items of several shards share engine batches. Offsets
-are committed only after every result, retry and dead letter of the batch is on the broker.
+The lifecycle lives here (consume, start, stop). The model work lives in runner.py, what a
+round leaves on the broker in publishing.py, heartbeats in heartbeats.py, the engines in
+engine_registry.py and the main model's load in state.py. Shards arrive in small batches
+(up to WORKER_MAX_SHARDS, waiting at most BATCH_MAX_WAIT_MS), so that items of several
+shards share engine batches. Offsets are committed only after every result, retry and dead
+letter of the batch is on the broker.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 from opentelemetry.trace import Span
 
 from evalstream.common import db, logs, service, telemetry, topics
-from evalstream.common.messages import Heartbeat, Shard, ShardResult, WorkerStatus, decode, encode
-from evalstream.common.metrics import (
-    CPU_UTILIZATION,
-    GPU_MEMORY_FREE,
-    GPU_MEMORY_USED,
-    GPU_POWER,
-    GPU_TEMPERATURE,
-    GPU_UTILIZATION,
-    HOST_MEMORY_AVAILABLE,
-    ITEMS,
-    SHARDS,
-    STAGE_LATENCY,
-    WORKER_HEARTBEAT,
-)
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.common.messages import Shard
+from evalstream.common.metrics import SHARDS, STAGE_LATENCY
 from evalstream.common.settings import Settings
-from evalstream.common.specs import serves
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.cache import AnswerCache
-from evalstream.worker.engines import load_engine
-from evalstream.worker.engines.base import Engine, PermanentEngineError
-from evalstream.worker.engines.chaos import ChaosEngine
-from evalstream.worker.engines.slow import SlowEngine
-from evalstream.worker.gpu import sample_device_metrics
-from evalstream.worker.runner import Failure, ModelRunner, Outcome, RunnerConfig
+from evalstream.worker.engine_registry import Engines
+from evalstream.worker.heartbeats import Heartbeats
+from evalstream.worker.publishing import OutcomePublisher
+from evalstream.worker.runner import ModelRunner, RunnerConfig
+from evalstream.worker.state import ModelLoad, WorkerState
 
-log = logging.getLogger("evalstream.worker")
 settings = Settings.from_env()
 worker_id = settings.resolved_worker_id
 broker = service.make_broker(settings, f"worker-{settings.worker_group}", graceful_timeout=120.0)
-
-
-class Engines:
-    """The engines of the SPECs this group serves, loaded on first use and kept."""
-
-    def __init__(self) -> None:
-        self._loaded: dict[str, Engine] = {}
-
-    def __call__(self, spec: str) -> Engine:
-        engine = self._loaded.get(spec)
-        if engine is None:
-            if not serves(settings.worker_model, spec):
-                raise PermanentEngineError(f"group {settings.worker_group} does not serve model {spec!r}")
-            engine = load_engine(spec, settings)
-            if settings.engine_faults:
-                engine = ChaosEngine(engine, settings.engine_faults)
-            if settings.engine_delay_ms:
-                engine = SlowEngine(engine, settings.engine_delay_ms)
-            self._loaded[spec] = engine
-        return engine
-
-    def close(self) -> None:
-        for e in self._loaded.values():
-            e.close()
-
-    @property
-    def device(self) -> str:
-        return next((e.device for e in self._loaded.values() if e.device != "cpu"), "cpu")
-
-
-engines = Engines()
+engines = Engines(settings)
+state = WorkerState(model=ModelLoad(engines, settings.worker_model))
+heartbeats = Heartbeats(broker, settings, worker_id, state, engines)
+publisher = OutcomePublisher(broker, worker_id=worker_id, group=settings.worker_group)
+CONSUMER_GROUP = topics.worker_consumer_group(settings.worker_group)
 ROUND_FETCH_BYTES = 256 * 1024  # ≈ WORKER_MAX_SHARDS shards of a few dozen short questions
-state: dict[str, Any] = {"ready": False, "consuming": False, "draining": False, "in_flight": 0}
 
 
 @broker.subscriber(
     topics.work_topic(settings.worker_group),
-    group_id=topics.worker_consumer_group(settings.worker_group),
+    group_id=CONSUMER_GROUP,
     batch=True,
     max_records=settings.worker_max_shards,
     batch_timeout_ms=settings.batch_max_wait_ms,
@@ -112,11 +66,11 @@ state: dict[str, Any] = {"ready": False, "consuming": False, "draining": False, 
 @service.backoff_on_error()
 async def on_shards(msg: KafkaMessage) -> None:
     records = service.records_of(msg)
-    await model_ready()  # the first shards may arrive while the model still loads
+    await state.model.wait()  # the first shards may arrive while the model still loads
     now = time.time()
     for record in records:  # broker timestamp of the router's publish -> picked up here
         STAGE_LATENCY.labels(stage="queue_wait").observe(max(0.0, now - record.timestamp / 1000))
-    with telemetry.consume_spans(records, topics.worker_consumer_group(settings.worker_group)) as spans:
+    with telemetry.consume_spans(records, CONSUMER_GROUP) as spans:
         await handle_shards(records, spans)
 
 
@@ -124,180 +78,25 @@ async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) 
     shards: list[Shard] = []
     span_of: dict[str, Span] = {}
     for record, span in zip(records, spans, strict=True):
-        try:
-            shards.append(decode(record.value or b"", Shard))
-            span_of[shards[-1].shard_id] = span
-            span.set_attribute("evalstream.shard_id", shards[-1].shard_id)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await service.dead_letter(
-                broker, record.value or b"", service.dead_letter_headers(record, exc), key=record.key
-            )
+        shard = await service.decode_or_dead_letter(broker, record, Shard)
+        if shard is None:
             SHARDS.labels(service="worker", outcome="undecodable").inc()
+            continue
+        shards.append(shard)
+        span_of[shard.shard_id] = span
+        span.set_attribute("evalstream.shard_id", shard.shard_id)
     if not shards:
         return
-    state["in_flight"] = len(shards)
+    assert state.runner is not None, "shards before the lifespan made the runner"
+    state.in_flight = len(shards)
     started = time.monotonic()
     try:
         with logs.bind(shard_id=",".join(s.shard_id for s in shards[:8])):
-            outcome = await state["runner"].run(shards)
-            await publish_outcome(shards, outcome, span_of)
+            outcome = await state.runner.run(shards)
+            await publisher.publish(shards, outcome, span_of)
     finally:
-        state["in_flight"] = 0
+        state.in_flight = 0
     STAGE_LATENCY.labels(stage="worker_batch").observe(time.monotonic() - started)
-
-
-def result_messages(payload: ShardResult) -> list[bytes]:
-    """The shard's results as one message, or several when they would not fit in one."""
-    data = encode(payload)
-    if len(data) <= MESSAGE_BUDGET_BYTES:
-        return [data]
-    if len(payload.results) == 1:  # one huge answer: keep its head, say so
-        r = payload.results[0]
-        cut = msgspec.structs.replace(
-            r,
-            response=(r.response or "")[: MESSAGE_BUDGET_BYTES // 8] + "\n[truncated to fit a message]",
-            extracted=(r.extracted or "")[:1000] or None,
-        )
-        return [encode(msgspec.structs.replace(payload, results=[cut]))]
-    half = len(payload.results) // 2
-    return [
-        *result_messages(msgspec.structs.replace(payload, results=payload.results[:half])),
-        *result_messages(msgspec.structs.replace(payload, results=payload.results[half:])),
-    ]
-
-
-async def publish_outcome(
-    shards: list[Shard], outcome: Outcome, spans: Mapping[str, Span] | None = None
-) -> None:
-    """Results, retries and dead letters, all acknowledged by the broker before we return
-    (and so before the offsets are committed). Each is published inside its shard's span, so
-    that it carries the shard's trace on."""
-    span = (spans or {}).get
-    sends = []
-    for shard in shards:
-        results = outcome.results.get(shard.shard_id, [])
-        if results or not any(f.shard.shard_id == shard.shard_id for f in outcome.failures):
-            payload = ShardResult(
-                run_id=shard.run_id,
-                shard_id=shard.shard_id,
-                worker_id=worker_id,
-                group=settings.worker_group,
-                results=results,
-            )
-            sends += [
-                telemetry.in_span(
-                    span(shard.shard_id), broker.publish(data, topics.RESULTS, key=shard.run_id.encode())
-                )
-                for data in result_messages(payload)
-            ]
-        ITEMS.labels(service="worker", status="succeeded").inc(len(results))
-        ITEMS.labels(service="worker", status="cache_hit").inc(sum(r.cache_hit for r in results))
-        SHARDS.labels(service="worker", outcome="done").inc()
-    retry: dict[str, list[Failure]] = {}
-    for f in outcome.failures:
-        if f.transient and f.shard.attempt < f.shard.retry.max_attempts:
-            retry.setdefault(f.shard.shard_id, []).append(f)
-        else:
-            sends.append(telemetry.in_span(span(f.shard.shard_id), dead_letter_item(f)))
-    for failures in retry.values():
-        shard = failures[0].shard
-        again = msgspec.structs.replace(
-            shard,
-            items=[f.item for f in failures],
-            attempt=shard.attempt + 1,
-            not_before=time.time() + shard.retry.delay_after(shard.attempt),
-        )
-        sends.append(
-            telemetry.in_span(
-                span(shard.shard_id), broker.publish(encode(again), topics.RETRY, key=shard.run_id.encode())
-            )
-        )
-        ITEMS.labels(service="worker", status="retried").inc(len(failures))
-    await asyncio.gather(*sends)
-
-
-async def dead_letter_item(f: Failure) -> None:
-    one = msgspec.structs.replace(f.shard, items=[f.item])
-    headers = service.dead_letter_headers(
-        None,
-        f.error,
-        attempts=f.shard.attempt,
-        run_id=f.shard.run_id,
-        item_id=f.item.id,
-        original_topic=topics.work_topic(settings.worker_group),
-    )
-    await service.dead_letter(broker, encode(one), headers, key=f.shard.run_id.encode(), reason="failed")
-    ITEMS.labels(service="worker", status="dead_lettered").inc()
-
-
-async def heartbeat(status: WorkerStatus) -> None:
-    runner: ModelRunner | None = state.get("runner")
-    m = await asyncio.to_thread(sample_device_metrics)
-    p50, p95, tps, err = runner.take_stats() if runner else (0.0, 0.0, 0.0, 0.0)
-    hb = Heartbeat(
-        worker_id=worker_id,
-        group=settings.worker_group,
-        model=settings.worker_model,
-        ts=time.time(),
-        device=engines.device if engines.device != "cpu" else m.device,
-        queue_depth=state["in_flight"],
-        latency_p50_ms=p50,
-        latency_p95_ms=p95,
-        tokens_per_s=tps,
-        error_rate=err,
-        status=status,
-        **m.heartbeat_fields(),
-    )
-    if m.gpu_utilization is not None:
-        GPU_UTILIZATION.labels(device=m.device).set(m.gpu_utilization)
-        GPU_MEMORY_USED.labels(device=m.device).set(m.gpu_memory_used_bytes or 0)
-        GPU_MEMORY_FREE.labels(device=m.device).set(m.gpu_memory_free_bytes or 0)
-        if m.gpu_temperature_c is not None:
-            GPU_TEMPERATURE.labels(device=m.device).set(m.gpu_temperature_c)
-        if m.gpu_power_w is not None:
-            GPU_POWER.labels(device=m.device).set(m.gpu_power_w)
-    if m.cpu_utilization is not None:
-        CPU_UTILIZATION.set(m.cpu_utilization)
-    if m.memory_free_bytes is not None:
-        HOST_MEMORY_AVAILABLE.set(m.memory_free_bytes)
-    await broker.publish(encode(hb), topics.HEARTBEATS, key=worker_id.encode())
-    # Only once it is on the broker: the "group without heartbeats" alert reads this.
-    WORKER_HEARTBEAT.labels(worker_group=settings.worker_group, worker_id=worker_id).set(hb.ts)
-
-
-async def heartbeat_loop() -> None:
-    while True:
-        try:
-            await heartbeat(status())
-        except Exception:
-            log.exception("heartbeat failed")
-        await asyncio.sleep(settings.heartbeat_interval_s)
-
-
-def main_model() -> str | None:
-    """The group's main model: the first SPEC of WORKER_MODEL that is not a pattern."""
-    return next((s.strip() for s in settings.worker_model.split(",") if "*" not in s and s.strip()), None)
-
-
-async def load_main_model() -> None:
-    if spec := main_model():
-        t0 = time.monotonic()
-        await asyncio.to_thread(engines, spec)
-        log.info("engine %s loaded in %.1fs on %s", spec, time.monotonic() - t0, engines.device)
-
-
-def on_model_loaded(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    if exc := task.exception():
-        service.shut_down_with_error(f"model {main_model()!r} cannot be loaded: {exc!r}")
-    else:
-        state["ready"] = True
-
-
-async def model_ready() -> None:
-    """Returns once the main model is loaded (raises if it cannot be)."""
-    await asyncio.shield(state["loading"])
 
 
 @asynccontextmanager
@@ -307,30 +106,26 @@ async def lifespan() -> AsyncIterator[None]:
     # makes; idempotent), the broker connection, the database pool, "starting" heartbeats
     # (routers already queue shards for this group), and, once this returns, the group join
     # and the first fetch. Shards wait for the model in on_shards; a model that cannot load
-    # shuts the worker down with an error (on_model_loaded).
-    loading = state["loading"] = asyncio.create_task(load_main_model())
-    loading.add_done_callback(on_model_loaded)
+    # shuts the worker down with an error (state.ModelLoad).
+    state.model.start()
     pool = None
     try:
         await ensure_topics(settings.kafka_bootstrap, [settings.worker_group])
         await broker.connect()
-        state["beat"] = asyncio.create_task(heartbeat_loop())
+        heartbeats.start()
         pool = await db.create_pool(settings.database_url)
     except BaseException:
-        loading.cancel()
-        await stop_heartbeat_loop()
+        state.model.cancel()
+        await heartbeats.stop_loop()
         if pool is not None:
             await pool.close()
         raise
-    state["runner"] = ModelRunner(
-        RunnerConfig(
-            group=settings.worker_group,
-            token_budget=settings.batch_token_budget,
-            max_items=settings.batch_max_items,
-        ),
-        engines,
-        AnswerCache(pool),
+    config = RunnerConfig(
+        group=settings.worker_group,
+        token_budget=settings.batch_token_budget,
+        max_items=settings.batch_max_items,
     )
+    state.runner = ModelRunner(config, engines, AnswerCache(pool))
     try:
         yield
     finally:
@@ -338,35 +133,12 @@ async def lifespan() -> AsyncIterator[None]:
         engines.close()
 
 
-def status() -> WorkerStatus:
-    """What heartbeats say: routers send shards to starting and ready workers alike."""
-    if state["draining"]:
-        return "draining"
-    return "ready" if state["ready"] and state["consuming"] else "starting"
-
-
 async def mark_consuming() -> None:
-    state["consuming"] = True
-
-
-async def stop_heartbeat_loop() -> None:
-    beat: asyncio.Task[None] | None = state.pop("beat", None)
-    if beat:
-        beat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beat
-
-
-async def stop_heartbeats() -> None:
-    """Before the broker disconnects: tell the router we are gone, so it stops routing here."""
-    state["draining"] = True
-    await stop_heartbeat_loop()
-    with contextlib.suppress(Exception):
-        await heartbeat("stopped")
+    state.consuming = True
 
 
 async def model_loaded() -> bool:
-    return bool(state["ready"])
+    return state.model.ready
 
 
 app = service.make_app(
@@ -374,5 +146,5 @@ app = service.make_app(
     lifespan=lifespan,
     ready_checks=[model_loaded],
     after_startup=[mark_consuming],
-    on_shutdown=[stop_heartbeats],
+    on_shutdown=[heartbeats.say_stopped],
 )

@@ -1,0 +1,126 @@
+"""After a write: the touched shards are mirrored to Parquet in S3, then every run that has
+all its results is completed (status, summary, report.json and report.html), and the
+metrics count what the write added."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from minio import Minio
+
+from evalstream.aggregator import objects
+from evalstream.aggregator.store import ResultStore
+from evalstream.common import report_html, storage
+from evalstream.common.messages import ItemResult
+from evalstream.common.metrics import (
+    ITEMS,
+    RUN_ACCURACY,
+    RUN_ITEMS,
+    RUN_PROGRESS,
+    RUN_SCORE,
+    RUNS,
+    STAGE_LATENCY,
+    forget_run,
+)
+
+log = logging.getLogger("evalstream.aggregator")
+# Run-labelled series live this long after their run completed (boards show the finished
+# run), then go: run ids are unbounded.
+RUN_SERIES_TTL_S = 15 * 60
+
+
+def written_results(results: list[ItemResult], written: set[tuple[str, str]]) -> list[ItemResult]:
+    """The results whose rows this write made, once per item (a success over a failure):
+    metrics count rows, not deliveries, so a redelivered batch is not counted twice."""
+    by_item = {
+        (r.run_id, r.item_id): r
+        for r in sorted(results, key=lambda r: r.error is None)
+        if (r.run_id, r.item_id) in written
+    }
+    return list(by_item.values())
+
+
+class Completion:
+    def __init__(self, store: ResultStore, s3: Minio, bucket: str) -> None:
+        self.store = store
+        self.s3 = s3
+        self.bucket = bucket
+        # Read and upload under one lock: the results and dead-letter handlers can touch
+        # the same shard at once, and the later upload must carry the later rows.
+        self._mirror_lock = asyncio.Lock()
+
+    async def after_write(self, shards: set[tuple[str, str]]) -> None:
+        """Mirror the touched shards to S3, then complete the runs that have every result."""
+        async with self._mirror_lock:
+            await self.mirror(shards)
+        for run_id in sorted({r for r, _ in shards}):
+            await self.maybe_complete(run_id)
+
+    async def mirror(self, shards: set[tuple[str, str]]) -> None:
+        by_shard = await self.store.shards_rows(shards)
+        # S3 round trips overlap in threads: one batch can touch hundreds of shards.
+        await asyncio.gather(
+            *(
+                asyncio.to_thread(objects.write_shard, self.s3, self.bucket, run_id, shard_id, rows)
+                for (run_id, shard_id), rows in sorted(by_shard.items())
+            )
+        )
+
+    async def maybe_complete(self, run_id: str) -> None:
+        status, total, done = await self.store.progress(run_id)
+        if total:
+            RUN_PROGRESS.labels(run_id=run_id).set(done / total)
+        # Every item has its row, so every shard was published, even if the producer has not
+        # yet marked the run running (fast runs can finish before it does).
+        if status == "rejected" or total is None or done < total:
+            return
+        first, summary = await self.store.complete(run_id)
+        await asyncio.to_thread(objects.write_report, self.s3, self.bucket, run_id, summary)
+        await self.save_report_html(run_id, summary)
+        RUN_ACCURACY.labels(run_id=run_id).set(summary["accuracy"] or 0.0)
+        if first:  # one handler completes a run, even when results and dead letters race
+            asyncio.get_running_loop().call_later(RUN_SERIES_TTL_S, forget_run, run_id)
+            RUNS.labels(outcome="completed").inc()
+            log.info("run %s completed: %d items, accuracy %s", run_id, total, summary["accuracy"])
+
+    async def save_report_html(self, run_id: str, summary: dict[str, Any]) -> None:
+        """The HTML report beside report.json. Derived data: a failure here is logged, never
+        allowed to hold up the batch (the page is also rendered on demand over HTTP)."""
+        try:
+            page = report_html.render(await report_html.collect(self.store.pool, run_id, summary))
+            await asyncio.to_thread(
+                storage.put_bytes,
+                self.s3,
+                self.bucket,
+                report_html.object_name(run_id),
+                page.encode(),
+                "text/html; charset=utf-8",
+            )
+        except Exception:
+            log.exception("run %s: HTML report not saved to S3", run_id)
+
+    async def observe(self, results: list[ItemResult]) -> None:
+        """Metrics of recorded results: final item outcomes, per-run counts and score, and
+        each item's end-to-end latency (its run was created -> its result is recorded)."""
+        per_run: dict[str, list[float]] = {}
+        for r in results:
+            counts = per_run.setdefault(r.run_id, [0, 0, 0.0])  # succeeded, failed, score
+            counts[1 if r.error is not None else 0] += 1
+            counts[2] += r.score
+        failed = sum(c[1] for c in per_run.values())
+        ITEMS.labels(service="aggregator", status="succeeded").inc(len(results) - failed)
+        ITEMS.labels(service="aggregator", status="failed").inc(failed)
+        created = await self.store.runs_created(set(per_run))
+        now = time.time()
+        e2e = STAGE_LATENCY.labels(stage="end_to_end")
+        for run_id, (ok, bad, score) in per_run.items():
+            RUN_ITEMS.labels(run_id=run_id, status="succeeded").inc(ok)
+            RUN_ITEMS.labels(run_id=run_id, status="failed").inc(bad)
+            RUN_SCORE.labels(run_id=run_id).inc(score)
+            if run_id in created:
+                latency = max(0.0, now - created[run_id])
+                for _ in range(int(ok + bad)):
+                    e2e.observe(latency)

@@ -1,0 +1,73 @@
+"""Reading eval.dlq: every dead letter becomes a row of `dead_letters`; one that carries
+items of a run (a shard, as workers and routers dead-letter them) also becomes their failed
+results, so that the run still completes. Poison from any topic is recorded too, but it
+belongs to no item."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import msgspec
+
+from evalstream.aggregator.store import DeadLetterRecord
+from evalstream.common.messages import DeadLetterHeaders as H
+from evalstream.common.messages import ItemResult, Shard, decode
+from evalstream.common.service import Record
+
+
+def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord], list[ItemResult]]:
+    """(a row per dead letter, a failed result per item they carry)."""
+    letters: list[DeadLetterRecord] = []
+    failures: list[ItemResult] = []
+    for record in records:
+        headers = {k: (v or b"").decode(errors="replace") for k, v in record.headers}
+        shard: Shard | None = None
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            shard = decode(record.value or b"", Shard)
+        error = headers.get(H.ERROR, "dead-lettered")
+        letters.append(
+            DeadLetterRecord(
+                run_id=headers.get(H.RUN_ID) or (shard.run_id if shard else None),
+                item_id=headers.get(H.ITEM_ID)
+                or (shard.items[0].id if shard and len(shard.items) == 1 else None),
+                original_topic=headers.get(H.ORIGINAL_TOPIC),
+                original_partition=_int(headers.get(H.ORIGINAL_PARTITION)),
+                original_offset=_int(headers.get(H.ORIGINAL_OFFSET)),
+                dlq_partition=record.partition,
+                dlq_offset=record.offset,
+                error=error,
+                headers=headers,
+                payload=record.value or b"",
+            )
+        )
+        if shard is not None:
+            failures += failed_results(shard, error, _int(headers.get(H.ATTEMPTS)) or shard.attempt)
+    return letters, failures
+
+
+def failed_results(shard: Shard, error: str, attempts: int) -> list[ItemResult]:
+    served_by = f"{shard.routed_to}/{shard.served_model or shard.model}" if shard.routed_to else ""
+    return [
+        ItemResult(
+            run_id=shard.run_id,
+            item_id=item.id,
+            shard_id=shard.shard_id,
+            response=None,
+            extracted=None,
+            correct=None,
+            score=0.0,
+            error=error,
+            attempts=attempts,
+            served_by=served_by,
+            category=item.category,
+        )
+        for item in shard.items
+    ]
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,43 @@
+"""The engines of the SPECs a worker group serves, loaded on first use and kept."""
+
+from __future__ import annotations
+
+from evalstream.common.settings import Settings
+from evalstream.common.specs import serves
+from evalstream.worker.engines import load_engine
+from evalstream.worker.engines.base import Engine, PermanentEngineError
+from evalstream.worker.engines.chaos import ChaosEngine
+from evalstream.worker.engines.slow import SlowEngine
+
+
+class Engines:
+    """Callable as `engines(spec)`: the loaded engine of `spec` (blocking while it loads).
+    A SPEC outside the group's WORKER_MODEL patterns is a permanent failure of its items."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._loaded: dict[str, Engine] = {}
+
+    def __call__(self, spec: str) -> Engine:
+        engine = self._loaded.get(spec)
+        if engine is None:
+            if not serves(self.settings.worker_model, spec):
+                raise PermanentEngineError(
+                    f"group {self.settings.worker_group} does not serve model {spec!r}"
+                )
+            engine = load_engine(spec, self.settings)
+            if self.settings.engine_faults:
+                engine = ChaosEngine(engine, self.settings.engine_faults)
+            if self.settings.engine_delay_ms:
+                engine = SlowEngine(engine, self.settings.engine_delay_ms)
+            self._loaded[spec] = engine
+        return engine
+
+    def close(self) -> None:
+        for engine in self._loaded.values():
+            engine.close()
+
+    @property
+    def device(self) -> str:
+        """The first accelerator any loaded engine runs on, else "cpu"."""
+        return next((e.device for e in self._loaded.values() if e.device != "cpu"), "cpu")

@@ -1,0 +1,77 @@
+"""The worker's state: the main model's load (a small state machine: loading -> ready, or
+a shutdown with an error) and what the heartbeats report."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from evalstream.common import service
+from evalstream.common.messages import WorkerStatus
+from evalstream.worker.engine_registry import Engines
+from evalstream.worker.runner import ModelRunner
+
+log = logging.getLogger("evalstream.worker")
+
+
+def main_model(worker_model: str) -> str | None:
+    """The group's main model: the first SPEC of WORKER_MODEL that is not a pattern."""
+    return next((s.strip() for s in worker_model.split(",") if "*" not in s and s.strip()), None)
+
+
+class ModelLoad:
+    """Loads the group's main model in a thread from startup on. Shards wait for it
+    (`wait`); a model that cannot load shuts the worker down with an error."""
+
+    def __init__(self, engines: Engines, worker_model: str) -> None:
+        self.engines = engines
+        self.spec = main_model(worker_model)
+        self.ready = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._load())
+        self._task.add_done_callback(self._loaded)
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def wait(self) -> None:
+        """Returns once the main model is loaded (raises if it cannot be)."""
+        if self._task is None:
+            raise RuntimeError("the model load has not started (lifespan not entered)")
+        await asyncio.shield(self._task)
+
+    async def _load(self) -> None:
+        if self.spec:
+            t0 = time.monotonic()
+            await asyncio.to_thread(self.engines, self.spec)
+            log.info("engine %s loaded in %.1fs on %s", self.spec, time.monotonic() - t0, self.engines.device)
+
+    def _loaded(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        if exc := task.exception():
+            service.shut_down_with_error(f"model {self.spec!r} cannot be loaded: {exc!r}")
+        else:
+            self.ready = True
+
+
+@dataclass
+class WorkerState:
+    """What the worker's subscriber, heartbeats and lifecycle hooks share."""
+
+    model: ModelLoad
+    runner: ModelRunner | None = None  # made by the lifespan, once the database pool is
+    consuming: bool = False  # the subscriber has joined its group
+    draining: bool = False  # shutdown has begun
+    in_flight: int = 0  # shards of the round being run
+
+    def status(self) -> WorkerStatus:
+        """What heartbeats say: routers send shards to starting and ready workers alike."""
+        if self.draining:
+            return "draining"
+        return "ready" if self.model.ready and self.consuming else "starting"
