@@ -10,17 +10,17 @@ import argparse
 import asyncio
 
 from evalstream.common import db, storage
-from evalstream.common.settings import Settings
+from evalstream.common.settings import BootstrapSettings
 from evalstream.common.topics_admin import ensure_topics
 
 
 def default_groups() -> list[str]:
-    settings = Settings.from_env()
+    settings = BootstrapSettings.from_env()
     groups = [g.strip() for g in settings.worker_groups.split(",") if g.strip()]
     return groups or [settings.worker_group]
 
 
-async def bootstrap(settings: Settings, groups: list[str]) -> None:
+async def bootstrap(settings: BootstrapSettings, groups: list[str]) -> None:
     topics = await ensure_topics(settings.kafka_bootstrap, groups)
     buckets = await asyncio.to_thread(storage.ensure_buckets, settings)
     applied = await db.migrate(settings.database_url)
@@ -36,7 +36,7 @@ def main() -> None:
         "--groups", default=",".join(default_groups()), help="worker groups to make work topics for"
     )
     args = ap.parse_args()
-    asyncio.run(bootstrap(Settings.from_env(), [g for g in args.groups.split(",") if g]))
+    asyncio.run(bootstrap(BootstrapSettings.from_env(), [g for g in args.groups.split(",") if g]))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from evalstream.common import logs, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import decode
 from evalstream.common.metrics import DEAD_LETTERED
-from evalstream.common.settings import Settings
+from evalstream.common.settings import ServiceSettings
 
 if TYPE_CHECKING:  # the router's image has no database driver
     import asyncpg
@@ -45,7 +45,7 @@ MESSAGE_BUDGET_BYTES = 900_000
 _service: dict[str, str] = {}
 
 
-def make_broker(settings: Settings, service: str, *, graceful_timeout: float = 30.0) -> KafkaBroker:
+def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: float = 30.0) -> KafkaBroker:
     _service.setdefault("name", service)
     return KafkaBroker(
         settings.kafka_bootstrap,
@@ -58,7 +58,7 @@ def make_broker(settings: Settings, service: str, *, graceful_timeout: float = 3
         allow_auto_create_topics=False,
         # Outermost first: the trace span covers the handler, its logs and its metrics.
         middlewares=[
-            telemetry.kafka_middleware(service),
+            telemetry.kafka_middleware(service, settings),
             logs.RunIdMiddleware,
             KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"evalstream-{service}"),
         ],
@@ -151,7 +151,7 @@ class _App(AsgiFastStream):
 _server: dict[str, Any] = {}  # the running uvicorn server, and the exit status asked for
 
 
-def run(app: AsgiFastStream, settings: Settings) -> None:
+def run(app: AsgiFastStream, settings: ServiceSettings) -> None:
     logs.configure(settings.log_level, _service.get("name"))
     config = uvicorn.Config(
         app,

@@ -1,4 +1,11 @@
-"""Configuration from environment variables, with defaults that match the local stack.
+"""Configuration from environment variables, declared once: each field below is read from
+the variable of its name in upper case (`kafka_bootstrap` <- KAFKA_BOOTSTRAP), converted to
+its declared type, with the declared default (the local stack's).
+
+Settings come in groups, and each service reads only its own (`WorkerSettings.from_env()`
+in the worker, and so on): a group is the dataclass of the fields it declares plus those of
+the groups it builds on. `Settings` holds every group, for the CLI, the tests and the
+benchmarks. Every variable the code reads goes through here (`DEFAULTS` lists them).
 
 The same variable names are used by docker-compose.yml, the local stack (`make up`) and
 tests; `tests/unit/test_compose.py` keeps the three in agreement.
@@ -8,144 +15,139 @@ from __future__ import annotations
 
 import os
 import socket
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-
-# Every environment variable the services read, with its local default.
-DEFAULTS: dict[str, str] = {
-    "KAFKA_BOOTSTRAP": "127.0.0.1:9092",
-    "DATABASE_URL": "postgresql://evalstream:evalstream@127.0.0.1:5432/evalstream",
-    "S3_ENDPOINT": "http://127.0.0.1:8333",
-    "S3_ACCESS_KEY": "evalstream",
-    "S3_SECRET_KEY": "evalstream-secret",
-    "S3_REGION": "us-east-1",
-    "S3_BUCKET_DATASETS": "evalstream-datasets",
-    "S3_BUCKET_RESULTS": "evalstream-results",
-    "HTTP_HOST": "127.0.0.1",
-    "HTTP_PORT": "0",
-    "WORKER_GROUP": "default",
-    "WORKER_MODEL": "hf:smollm2-135m-instruct,null,replay:*",
-    "WORKER_ID": "",
-    "WORKER_GROUPS": "",
-    "WORKER_MAX_SHARDS": "16",
-    "ENGINE_FAULTS": "",
-    "FAULT_INJECT": "",
-    "WORKER_MAX_POLL_INTERVAL_MS": "3600000",
-    "ROUTER_HEARTBEAT_TIMEOUT_S": "15",
-    "ROUTER_NO_GROUP_TIMEOUT_S": "120",
-    "ROUTER_PARK_AFTER_S": "5",
-    "ROUTER_PARK_TIMEOUT_S": "3600",
-    "ROUTER_POLICY": "weighted",
-    "ROUTER_WEIGHTS": "lag=0.4,latency=0.3,gpu=0.15,memory=0.15",
-    "ROUTER_MAX_LAG": "32",
-    "ROUTER_LAG_INTERVAL_S": "1.0",
-    "ROUTER_GROUPS": "*",
-    "ROUTER_SHARDS_TOPIC": "",
-    "ROUTER_RETRY_TOPIC": "",
-    "ROUTER_REROUTE_AFTER_S": "60",
-    "ROUTER_SLA_P95_MS": "30000",
-    "ROUTER_SLA_MAX_ERROR_RATE": "0.05",
-    "ROUTER_SLA_TIERS": "0.3,0.6",
-    "ROUTER_FALLBACK": "",
-    "ENGINE_DELAY_MS": "0",
-    "BATCH_TOKEN_BUDGET": "2048",
-    "BATCH_MAX_WAIT_MS": "100",
-    "BATCH_MAX_ITEMS": "64",
-    "HEARTBEAT_INTERVAL_S": "2.0",
-    "MODEL_CACHE_DIR": "",
-    "LOG_LEVEL": "INFO",
-    "KAFKA_TOPIC_PREFIX": "",
-    "OTEL_EXPORTER_OTLP_ENDPOINT": "",
-    # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
-    # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
-    "SANDBOX_CGROUP": "",
-}
-
-# The HTTP port each service listens on locally (healthz, readyz, metrics). The local
-# stack gives its n-th worker SERVICE_PORTS["worker"] + n.
-SERVICE_PORTS: dict[str, int] = {
-    "producer": 8101,
-    "router": 8102,
-    "aggregator": 8104,
-    "worker": 8110,
-}
+from typing import Any, Self
 
 
-_CONVERTERS: dict[str, type] = {"str": str, "int": int, "float": float}
+def _boolean(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
 
 
-def _env(name: str) -> str:
-    return os.environ.get(name, DEFAULTS[name])
+_CONVERTERS: dict[Any, Callable[[str], Any]] = {str: str, int: int, float: float, bool: _boolean}
 
 
 @dataclass(frozen=True)
-class Settings:
-    kafka_bootstrap: str = DEFAULTS["KAFKA_BOOTSTRAP"]
-    database_url: str = DEFAULTS["DATABASE_URL"]
-    s3_endpoint: str = DEFAULTS["S3_ENDPOINT"]
-    s3_access_key: str = DEFAULTS["S3_ACCESS_KEY"]
-    s3_secret_key: str = field(default=DEFAULTS["S3_SECRET_KEY"], repr=False)
-    s3_region: str = DEFAULTS["S3_REGION"]
-    s3_bucket_datasets: str = DEFAULTS["S3_BUCKET_DATASETS"]
-    s3_bucket_results: str = DEFAULTS["S3_BUCKET_RESULTS"]
-    http_host: str = DEFAULTS["HTTP_HOST"]
-    http_port: int = int(DEFAULTS["HTTP_PORT"])
-    worker_group: str = DEFAULTS["WORKER_GROUP"]
-    worker_model: str = DEFAULTS["WORKER_MODEL"]  # comma-separated SPEC patterns this group serves
-    worker_id: str = DEFAULTS["WORKER_ID"]
-    worker_groups: str = DEFAULTS["WORKER_GROUPS"]  # bootstrap: work topics to create (comma-separated)
-    worker_max_shards: int = int(DEFAULTS["WORKER_MAX_SHARDS"])  # shards taken per engine round
-    engine_faults: str = DEFAULTS["ENGINE_FAULTS"]  # fault injection for tests, e.g. "transient=0.1"
-    # Crash points for the fault suite, e.g. "aggregator_exit_after_write=3" (exits without
-    # committing, as a kill -9 between the database write and the offset commit would).
-    fault_inject: str = DEFAULTS["FAULT_INJECT"]
-    # A long engine batch must not get a worker evicted from its group (aiokafka 848/678).
-    worker_max_poll_interval_ms: int = int(DEFAULTS["WORKER_MAX_POLL_INTERVAL_MS"])
-    router_heartbeat_timeout_s: float = float(DEFAULTS["ROUTER_HEARTBEAT_TIMEOUT_S"])
-    router_no_group_timeout_s: float = float(DEFAULTS["ROUTER_NO_GROUP_TIMEOUT_S"])
-    # A shard whose groups are all dead stops blocking its partition after this long: it is
-    # parked on the retry topic and tried again, until ROUTER_PARK_TIMEOUT_S dead-letters it.
-    router_park_after_s: float = float(DEFAULTS["ROUTER_PARK_AFTER_S"])
-    router_park_timeout_s: float = float(DEFAULTS["ROUTER_PARK_TIMEOUT_S"])
-    # weighted | least_outstanding | consistent_hash | round_robin (router/policy.py)
-    router_policy: str = DEFAULTS["ROUTER_POLICY"]
-    router_weights: str = DEFAULTS["ROUTER_WEIGHTS"]  # base weights of the weighted score
-    # outstanding shards per live member beyond which a group is saturated (back-pressure)
-    router_max_lag: int = int(DEFAULTS["ROUTER_MAX_LAG"])
-    router_lag_interval_s: float = float(DEFAULTS["ROUTER_LAG_INTERVAL_S"])  # consumer-lag polling
-    router_groups: str = DEFAULTS["ROUTER_GROUPS"]  # worker groups this router uses (shell patterns)
-    # input topics; empty: eval.shards / eval.retry; ROUTER_RETRY_TOPIC=none: no retries
-    router_shards_topic: str = DEFAULTS["ROUTER_SHARDS_TOPIC"]
-    router_retry_topic: str = DEFAULTS["ROUTER_RETRY_TOPIC"]
-    # a group dead this long has its pending shards moved to healthy groups; 0: never
-    router_reroute_after_s: float = float(DEFAULTS["ROUTER_REROUTE_AFTER_S"])
-    router_sla_p95_ms: float = float(DEFAULTS["ROUTER_SLA_P95_MS"])
-    router_sla_max_error_rate: float = float(DEFAULTS["ROUTER_SLA_MAX_ERROR_RATE"])
-    router_sla_tiers: str = DEFAULTS["ROUTER_SLA_TIERS"]  # violation rates that step down a model
-    router_fallback: str = DEFAULTS["ROUTER_FALLBACK"]  # lighter models, e.g. "hf:big=hf:small"
-    engine_delay_ms: float = float(DEFAULTS["ENGINE_DELAY_MS"])  # artificial per-item delay (benchmarks)
-    batch_token_budget: int = int(DEFAULTS["BATCH_TOKEN_BUDGET"])
-    batch_max_wait_ms: int = int(DEFAULTS["BATCH_MAX_WAIT_MS"])
-    batch_max_items: int = int(DEFAULTS["BATCH_MAX_ITEMS"])
-    heartbeat_interval_s: float = float(DEFAULTS["HEARTBEAT_INTERVAL_S"])
-    model_cache_dir: str = DEFAULTS["MODEL_CACHE_DIR"]
-    log_level: str = DEFAULTS["LOG_LEVEL"]
-    # Prefix of every topic and consumer group name (topics.py): a pipeline of its own on a
-    # shared broker, as the tracing test runs one.
-    kafka_topic_prefix: str = DEFAULTS["KAFKA_TOPIC_PREFIX"]
-    # OTLP/HTTP collector for traces (telemetry.py); empty: no export.
-    otel_exporter_otlp_endpoint: str = DEFAULTS["OTEL_EXPORTER_OTLP_ENDPOINT"]
+class _Group:
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """The group's values from `environ` (default: the process environment); a
+        variable that is not set keeps its default. Raises ValueError on a bad value."""
+        env = os.environ if environ is None else environ
+        types = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = f.name.upper()
+            if name in env:
+                try:
+                    values[f.name] = _CONVERTERS[types[f.name]](env[name])
+                except ValueError as exc:
+                    raise ValueError(f"environment variable {name}={env[name]!r}: {exc}") from exc
+        return cls(**values)
 
     @classmethod
-    def from_env(cls) -> Settings:
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            raw = _env(f.name.upper())
-            convert = _CONVERTERS[str(f.type)]
-            try:
-                values[f.name] = convert(raw)
-            except ValueError as exc:
-                raise ValueError(f"environment variable {f.name.upper()}={raw!r}: {exc}") from exc
-        return cls(**values)  # type: ignore[arg-type]
+    def variables(cls) -> dict[str, str]:
+        """Every variable of the group, with its default as text."""
+        return {f.name.upper(): _text(f.default) for f in fields(cls)}
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- shared groups
+
+
+@dataclass(frozen=True)
+class TopicSettings(_Group):
+    # Prefix of every topic and consumer group name (topics.py): a pipeline of its own on a
+    # shared broker, as the tracing test runs one.
+    kafka_topic_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class KafkaSettings(TopicSettings):
+    kafka_bootstrap: str = "127.0.0.1:9092"
+
+
+@dataclass(frozen=True)
+class TelemetrySettings(_Group):
+    # OTLP/HTTP collector for traces (telemetry.py); empty: no export. The exporter reads
+    # the other OTEL_* variables (headers, timeout) itself.
+    otel_exporter_otlp_endpoint: str = ""
+    otel_exporter_otlp_traces_endpoint: str = ""  # traces only; wins over the one above
+    otel_sdk_disabled: bool = False  # true: no spans at all
+
+
+@dataclass(frozen=True)
+class ServiceSettings(KafkaSettings, TelemetrySettings):
+    """What every service reads: the broker, its HTTP port (healthz, readyz, metrics), logs."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    log_level: str = "INFO"
+
+
+@dataclass(frozen=True)
+class DatabaseSettings(_Group):
+    database_url: str = field(
+        default="postgresql://evalstream:evalstream@127.0.0.1:5432/evalstream", repr=False
+    )
+
+
+@dataclass(frozen=True)
+class S3Settings(_Group):
+    s3_endpoint: str = "http://127.0.0.1:8333"
+    s3_access_key: str = "evalstream"
+    s3_secret_key: str = field(default="evalstream-secret", repr=False)
+    s3_region: str = "us-east-1"
+    s3_bucket_datasets: str = "evalstream-datasets"
+    s3_bucket_results: str = "evalstream-results"
+
+
+@dataclass(frozen=True)
+class TestHookSettings(_Group):
+    """TEST-ONLY hooks (testhooks.py): never set in production."""
+
+    # Crash points for the fault suite, e.g. "aggregator_exit_after_write=3" (exits without
+    # committing, as a kill -9 between the database write and the offset commit would).
+    fault_inject: str = ""
+    engine_faults: str = ""  # engine fault injection, e.g. "transient=0.1,permanent=0.01,seed=7"
+    engine_delay_ms: float = 0.0  # artificial per-item engine delay (benchmarks)
+
+
+@dataclass(frozen=True)
+class WorkerGroupSettings(_Group):
+    worker_group: str = "default"  # a worker's group; its work topic is eval.work.<group>
+
+
+# --------------------------------------------------------------------------- per service
+
+
+@dataclass(frozen=True)
+class WorkerSettings(ServiceSettings, DatabaseSettings, TestHookSettings, WorkerGroupSettings):
+    worker_model: str = "hf:smollm2-135m-instruct,null,replay:*"  # SPEC patterns this group serves
+    worker_id: str = ""  # empty: <group>-<hostname>-<pid>
+    worker_max_shards: int = 16  # shards taken per engine round
+    # A long engine batch must not get a worker evicted from its group (aiokafka 848/678).
+    worker_max_poll_interval_ms: int = 3_600_000
+    batch_token_budget: int = 2048
+    batch_max_wait_ms: int = 100
+    batch_max_items: int = 64
+    heartbeat_interval_s: float = 2.0
+    model_cache_dir: str = ""  # empty: $XDG_CACHE_HOME/evalstream/models
+    xdg_cache_home: str = ""  # empty: ~/.cache
+    # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
+    # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
+    sandbox_cgroup: str = ""
 
     @property
     def resolved_worker_id(self) -> str:
@@ -155,5 +157,64 @@ class Settings:
     @property
     def resolved_model_cache_dir(self) -> str:
         return self.model_cache_dir or os.path.join(
-            os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "evalstream", "models"
+            self.xdg_cache_home or os.path.expanduser("~/.cache"), "evalstream", "models"
         )
+
+
+@dataclass(frozen=True)
+class RouterSettings(ServiceSettings):
+    router_heartbeat_timeout_s: float = 15.0
+    router_no_group_timeout_s: float = 120.0
+    # A shard whose groups are all dead stops blocking its partition after this long: it is
+    # parked on the retry topic and tried again, until ROUTER_PARK_TIMEOUT_S dead-letters it.
+    router_park_after_s: float = 5.0
+    router_park_timeout_s: float = 3600.0
+    # weighted | least_outstanding | consistent_hash | round_robin (router/policy.py)
+    router_policy: str = "weighted"
+    router_weights: str = "lag=0.4,latency=0.3,gpu=0.15,memory=0.15"  # base weights of the score
+    # outstanding shards per live member beyond which a group is saturated (back-pressure)
+    router_max_lag: int = 32
+    router_lag_interval_s: float = 1.0  # consumer-lag polling
+    router_groups: str = "*"  # worker groups this router uses (shell patterns)
+    # input topics; empty: eval.shards / eval.retry; ROUTER_RETRY_TOPIC=none: no retries
+    router_shards_topic: str = ""
+    router_retry_topic: str = ""
+    # a group dead this long has its pending shards moved to healthy groups; 0: never
+    router_reroute_after_s: float = 60.0
+    router_sla_p95_ms: float = 30000.0
+    router_sla_max_error_rate: float = 0.05
+    router_sla_tiers: str = "0.3,0.6"  # violation rates that step down a model
+    router_fallback: str = ""  # lighter models, e.g. "hf:big=hf:small"
+
+
+@dataclass(frozen=True)
+class ProducerSettings(ServiceSettings, DatabaseSettings, S3Settings):
+    evalstream_git_commit: str = ""  # the commit recorded in run manifests
+
+
+@dataclass(frozen=True)
+class AggregatorSettings(ServiceSettings, DatabaseSettings, S3Settings, TestHookSettings):
+    pass
+
+
+@dataclass(frozen=True)
+class BootstrapSettings(KafkaSettings, DatabaseSettings, S3Settings, WorkerGroupSettings):
+    worker_groups: str = ""  # work topics to create (comma-separated); empty: WORKER_GROUP's
+
+
+@dataclass(frozen=True)
+class Settings(WorkerSettings, RouterSettings, ProducerSettings, AggregatorSettings, BootstrapSettings):
+    """Every group: for the CLI, the tests and the benchmarks, which talk to all services."""
+
+
+# Every environment variable the services read, with its local default.
+DEFAULTS: dict[str, str] = Settings.variables()
+
+# The HTTP port each service listens on locally (healthz, readyz, metrics). The local
+# stack gives its n-th worker SERVICE_PORTS["worker"] + n.
+SERVICE_PORTS: dict[str, int] = {
+    "producer": 8101,
+    "router": 8102,
+    "aggregator": 8104,
+    "worker": 8110,
+}

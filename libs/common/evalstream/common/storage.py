@@ -10,10 +10,10 @@ from urllib.parse import urlparse
 from minio import Minio
 from minio.error import S3Error
 
-from evalstream.common.settings import Settings
+from evalstream.common.settings import S3Settings
 
 
-def client(settings: Settings) -> Minio:
+def client(settings: S3Settings) -> Minio:
     url = urlparse(settings.s3_endpoint)
     return Minio(
         url.netloc,
@@ -24,7 +24,7 @@ def client(settings: Settings) -> Minio:
     )
 
 
-def ensure_buckets(settings: Settings) -> list[str]:
+def ensure_buckets(settings: S3Settings) -> list[str]:
     s3 = client(settings)
     made = []
     for bucket in (settings.s3_bucket_datasets, settings.s3_bucket_results):

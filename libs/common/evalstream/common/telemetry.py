@@ -16,7 +16,6 @@ the aggregator, spans after the messaging and GenAI semantic conventions.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
@@ -40,24 +39,13 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from evalstream.common import logs, topics
+from evalstream.common.settings import TelemetrySettings
 
 T = TypeVar("T")
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 TRACER_NAME = "evalstream"
 _W3C = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
-
-
-def export_endpoint() -> str | None:
-    return (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or None
-    )
-
-
-def disabled() -> bool:
-    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
 class _QuietSampler(Sampler):
@@ -82,17 +70,18 @@ class _QuietSampler(Sampler):
         return "QuietSampler"
 
 
-def setup(service: str) -> TracerProvider | None:
+def setup(service: str, settings: TelemetrySettings | None = None) -> TracerProvider | None:
     """The process's tracer provider (made once; `service` names it in the traces)."""
     global _provider
-    if disabled():
+    settings = settings or TelemetrySettings.from_env()
+    if settings.otel_sdk_disabled:
         return None
     if _provider is None:
         resource = Resource.create(
             {"service.name": f"evalstream-{service}", "service.namespace": "evalstream"}
         )
         provider = TracerProvider(resource=resource, sampler=ParentBased(root=_QuietSampler()))
-        if export_endpoint():
+        if settings.otel_exporter_otlp_traces_endpoint or settings.otel_exporter_otlp_endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             # The exporter takes the endpoint, headers, timeout from the OTEL_* variables.
@@ -112,8 +101,8 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME, tracer_provider=_provider)
 
 
-def kafka_middleware(service: str) -> KafkaTelemetryMiddleware:
-    return KafkaTelemetryMiddleware(tracer_provider=setup(service), include_messages_counters=False)
+def kafka_middleware(service: str, settings: TelemetrySettings) -> KafkaTelemetryMiddleware:
+    return KafkaTelemetryMiddleware(tracer_provider=setup(service, settings), include_messages_counters=False)
 
 
 # --------------------------------------------------------------------------- headers

@@ -6,10 +6,11 @@ beside the first on one broker without taking its messages (the tracing test doe
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-PREFIX = os.environ.get("KAFKA_TOPIC_PREFIX", "")
+from evalstream.common.settings import TopicSettings
+
+PREFIX = TopicSettings.from_env().kafka_topic_prefix
 
 JOBS = f"{PREFIX}eval.jobs"
 SHARDS = f"{PREFIX}eval.shards"

@@ -25,10 +25,10 @@ from evalstream.aggregator.dead_letters import read_dead_letters
 from evalstream.aggregator.store import ResultStore
 from evalstream.common import db, report_html, service, storage, telemetry, topics
 from evalstream.common.messages import ItemResult, ShardResult
-from evalstream.common.settings import Settings
+from evalstream.common.settings import AggregatorSettings
 
 log = logging.getLogger("evalstream.aggregator")
-settings = Settings.from_env()
+settings = AggregatorSettings.from_env()
 broker = service.make_broker(settings, "aggregator")
 
 

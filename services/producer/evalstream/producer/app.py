@@ -11,10 +11,10 @@ from faststream.kafka.annotations import KafkaMessage
 from evalstream.common import db, keys, service, storage, topics
 from evalstream.common.messages import JobSpec
 from evalstream.common.metrics import RUNS
-from evalstream.common.settings import Settings
+from evalstream.common.settings import ProducerSettings
 from evalstream.producer.intake import Intake
 
-settings = Settings.from_env()
+settings = ProducerSettings.from_env()
 broker = service.make_broker(settings, "producer")
 intake = service.Started[Intake]()
 

@@ -24,7 +24,7 @@ from minio import Minio
 from evalstream.common import keys, storage
 from evalstream.common.messages import Item, JobSpec, Shard, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
-from evalstream.common.settings import Settings
+from evalstream.common.settings import ProducerSettings
 from evalstream.common.specs import grader_problem, spec_problem
 from evalstream.producer.datasets import DatasetError, LoadedDataset, Problem, load_dataset
 from evalstream.producer.manifest import build_manifest, manifest_sha256
@@ -153,7 +153,7 @@ async def publish_all(payloads: Iterable[bytes], key: str, publish: Publish) -> 
 
 
 class Intake:
-    def __init__(self, settings: Settings, pool: asyncpg.Pool, s3: Minio) -> None:
+    def __init__(self, settings: ProducerSettings, pool: asyncpg.Pool, s3: Minio) -> None:
         self.settings = settings
         self.pool = pool
         self.s3 = s3

@@ -18,7 +18,6 @@ report the revision that served each answer, and the run summary lists them
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 from functools import cache
 from importlib import metadata
@@ -30,6 +29,7 @@ import msgspec
 from evalstream.common.keys import canonical_json
 from evalstream.common.messages import JobSpec
 from evalstream.common.prompts import effective_templates, templates_sha256
+from evalstream.common.settings import ProducerSettings
 from evalstream.common.versions import grader_version, graders_for
 
 MANIFEST_VERSION = 2
@@ -44,7 +44,7 @@ def code_version() -> dict[str, Any]:
         version = metadata.version("evalstream")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    commit = os.environ.get("EVALSTREAM_GIT_COMMIT") or None
+    commit = ProducerSettings.from_env().evalstream_git_commit or None
     dirty: bool | None = None
     if commit is None:
         root = Path(__file__).resolve().parents[4]

@@ -33,14 +33,14 @@ from faststream.kafka.annotations import KafkaMessage
 from evalstream.common import service, topics
 from evalstream.common.messages import Heartbeat, Shard
 from evalstream.common.metrics import SHARDS
-from evalstream.common.settings import Settings
+from evalstream.common.settings import RouterSettings
 from evalstream.router.dispatch import Dispatcher
 from evalstream.router.health import LagMonitor, RescueManager
 from evalstream.router.parking import ParkingPolicy
 from evalstream.router.routing import Router, RouterConfig
 
 log = logging.getLogger("evalstream.router")
-settings = Settings.from_env()
+settings = RouterSettings.from_env()
 broker = service.make_broker(settings, "router")
 router = Router(RouterConfig.from_settings(settings))
 SHARDS_TOPIC = settings.router_shards_topic or topics.SHARDS

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from evalstream.common.messages import Heartbeat, Shard
 from evalstream.common.metrics import ROUTER_POLICY_WEIGHT, ROUTER_SLA_VIOLATION
-from evalstream.common.settings import Settings
+from evalstream.common.settings import RouterSettings
 from evalstream.router import policy as policies
 from evalstream.router import sla
 from evalstream.router.fleet import Fleet
@@ -49,7 +49,7 @@ class RouterConfig:
     fallback: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_settings(cls, s: Settings) -> RouterConfig:
+    def from_settings(cls, s: RouterSettings) -> RouterConfig:
         """Raises ValueError on a bad ROUTER_* value: the router refuses to start with it."""
         if s.router_max_lag < 1:
             raise ValueError("ROUTER_MAX_LAG must be >= 1")

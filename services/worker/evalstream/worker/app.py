@@ -21,7 +21,7 @@ from opentelemetry.trace import Span
 from evalstream.common import db, logs, service, telemetry, topics
 from evalstream.common.messages import Shard
 from evalstream.common.metrics import SHARDS, STAGE_LATENCY
-from evalstream.common.settings import Settings
+from evalstream.common.settings import WorkerSettings
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.cache import AnswerCache
 from evalstream.worker.engine_registry import Engines
@@ -30,7 +30,7 @@ from evalstream.worker.publishing import OutcomePublisher
 from evalstream.worker.runner import ModelRunner, RunnerConfig
 from evalstream.worker.state import ModelLoad, WorkerState
 
-settings = Settings.from_env()
+settings = WorkerSettings.from_env()
 worker_id = settings.resolved_worker_id
 broker = service.make_broker(settings, f"worker-{settings.worker_group}", graceful_timeout=120.0)
 engines = Engines(settings)

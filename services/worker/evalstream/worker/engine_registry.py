@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evalstream.common.settings import Settings
+from evalstream.common.settings import WorkerSettings
 from evalstream.common.specs import serves
 from evalstream.worker.engines import load_engine
 from evalstream.worker.engines.base import Engine, PermanentEngineError
@@ -14,7 +14,7 @@ class Engines:
     """Callable as `engines(spec)`: the loaded engine of `spec` (blocking while it loads).
     A SPEC outside the group's WORKER_MODEL patterns is a permanent failure of its items."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self._loaded: dict[str, Engine] = {}
 

@@ -23,7 +23,7 @@ from evalstream.common.metrics import (
     HOST_MEMORY_AVAILABLE,
     WORKER_HEARTBEAT,
 )
-from evalstream.common.settings import Settings
+from evalstream.common.settings import WorkerSettings
 from evalstream.worker.engine_registry import Engines
 from evalstream.worker.gpu import DeviceMetrics, sample_device_metrics
 from evalstream.worker.state import WorkerState
@@ -48,7 +48,12 @@ def set_device_gauges(m: DeviceMetrics) -> None:
 
 class Heartbeats:
     def __init__(
-        self, broker: KafkaBroker, settings: Settings, worker_id: str, state: WorkerState, engines: Engines
+        self,
+        broker: KafkaBroker,
+        settings: WorkerSettings,
+        worker_id: str,
+        state: WorkerState,
+        engines: Engines,
     ) -> None:
         self.broker = broker
         self.settings = settings

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalstream.common.settings import Settings
+from evalstream.common.settings import WorkerSettings
 from evalstream.worker.engines.base import (
     Engine,
     EngineError,
@@ -161,7 +161,7 @@ def _resolve_file(parsed: ParsedSpec) -> Path | None:
     return None
 
 
-def load_engine(spec: str, settings: Settings, *, faults: str | None = None) -> Engine:
+def load_engine(spec: str, settings: WorkerSettings, *, faults: str | None = None) -> Engine:
     """Loads the engine for `spec` (blocking: an hf model takes seconds). With `faults`
     (the worker's ENGINE_FAULTS), wraps it in a ChaosEngine for fault-injection tests."""
     parsed = parse_spec(spec)

@@ -20,7 +20,7 @@ import re
 import threading
 
 from evalstream.common.messages import ChatMessage, GenerationParams, Item
-from evalstream.common.settings import Settings
+from evalstream.common.settings import WorkerSettings
 from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.engines import Engine, EngineError, GenRequest, load_engine
 from evalstream.worker.grading.base import Grade, Grader
@@ -80,7 +80,7 @@ def judge(spec: str | None = None, *, engine: Engine | None = None) -> Grader:
     if engine is None:
         if not spec:
             raise ValueError("the judge grader needs a model SPEC: judge:<model SPEC>")
-        engine = load_engine(spec, Settings.from_env())
+        engine = load_engine(spec, WorkerSettings.from_env())
     judge_engine = engine
     # engines that batch on a device are not safe to call from several grading threads
     serial = contextlib.nullcontext() if getattr(engine, "thread_safe", False) else threading.Lock()
