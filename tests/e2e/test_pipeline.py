@@ -18,7 +18,7 @@ from evalstream.common import topics
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, Shard, decode, encode
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
-from evalstream.worker.engines.chaos import FaultPlan
+from evalstream.worker.engines.testhooks import FaultPlan
 from tests.e2e.helpers import (
     ROOT,
     arithmetic_items,

@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaProducer
 from evalstream.common import topics
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
-from evalstream.worker.engines.chaos import FaultPlan
+from evalstream.worker.engines.testhooks import FaultPlan
 from tests.faults.harness import (
     check_invariant,
     count_rows,

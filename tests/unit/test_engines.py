@@ -13,6 +13,7 @@ import pytest
 
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.settings import Settings
+from evalstream.worker.engine_registry import Engines
 from evalstream.worker.engines import (
     KNOWN_BUNDLED,
     Engine,
@@ -26,11 +27,11 @@ from evalstream.worker.engines import (
     load_engine,
     validate_spec,
 )
-from evalstream.worker.engines.chaos import ChaosEngine, FaultPlan
 from evalstream.worker.engines.hf import cut_at_stop, split_on_oom, truncate_middle
 from evalstream.worker.engines.null import NullEngine
 from evalstream.worker.engines.openai import OpenAIEngine
 from evalstream.worker.engines.replay import ReplayEngine
+from evalstream.worker.engines.testhooks import ChaosEngine, EngineTestHooks, FaultPlan, SlowEngine
 
 
 def req(item_id: str, attempt: int = 1, question: str = "2+2?") -> GenRequest:
@@ -100,7 +101,7 @@ def test_bundled_model_is_found_without_importing_its_package() -> None:
 
 
 def test_importing_engines_stays_light() -> None:
-    modules = ["engines", "engines.hf", "engines.chaos", "engines.replay", "gpu", "batching"]
+    modules = ["engines", "engines.hf", "engines.testhooks", "engines.replay", "gpu", "batching"]
     code = f"import sys; import {', '.join('evalstream.worker.' + m for m in modules)}; " + (
         "print(sorted({'torch', 'transformers', 'pynvml'} & set(sys.modules)))"
     )
@@ -126,8 +127,18 @@ def test_load_engine_null_replay_and_openai(tmp_path: Path) -> None:
         api.close()
     with pytest.raises(EngineConfigError, match="not found"):
         load_engine(f"replay:{tmp_path / 'missing.jsonl'}", settings)
-    chaos = load_engine("null", settings, faults="transient=0.5,seed=1")
+    chaos = Engines(Settings(engine_faults="transient=0.5,seed=1"))("null")
     assert isinstance(chaos, ChaosEngine) and chaos.name == "null"
+
+
+def test_test_hooks_wrap_engines_at_one_point_parsed_once() -> None:
+    hooks = EngineTestHooks.from_settings(Settings(engine_faults="permanent=1", engine_delay_ms=2))
+    assert hooks.faults == FaultPlan(permanent=1.0)
+    slow = hooks.wrap(NullEngine())
+    assert isinstance(slow, SlowEngine) and isinstance(slow.inner, ChaosEngine) and slow.name == "null"
+    assert isinstance(EngineTestHooks.from_settings(Settings()).wrap(NullEngine()), NullEngine)
+    with pytest.raises(EngineConfigError, match="engine faults"):  # at startup, not per load
+        EngineTestHooks.from_settings(Settings(engine_faults="transient=2"))
 
 
 # ---- null -----------------------------------------------------------------------------------

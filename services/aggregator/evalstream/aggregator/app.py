@@ -8,7 +8,6 @@ then are offsets committed.
 from __future__ import annotations
 
 import logging
-import os
 import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,10 +25,12 @@ from evalstream.aggregator.store import ResultStore
 from evalstream.common import db, report_html, service, storage, telemetry, topics
 from evalstream.common.messages import ItemResult, ShardResult
 from evalstream.common.settings import AggregatorSettings
+from evalstream.common.testhooks import CrashPoints
 
 log = logging.getLogger("evalstream.aggregator")
 settings = AggregatorSettings.from_env()
 broker = service.make_broker(settings, "aggregator")
+crash_points = CrashPoints(settings.fault_inject)
 
 
 @dataclass
@@ -66,7 +67,7 @@ async def on_results(msg: KafkaMessage) -> None:
     results = [r for r in results if r.run_id in known]
     successes = [r for r in results if r.error is None]
     written = await aggregator.store.write(successes, [r for r in results if r.error is not None])
-    crash_point("aggregator_exit_after_write")
+    crash_points.reach("aggregator_exit_after_write")  # test-only (FAULT_INJECT)
     await aggregator.completion.observe(written_results(results, written))
     await aggregator.completion.after_write({(r.run_id, r.shard_id) for r in results})
 
@@ -84,20 +85,6 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     written = await aggregator.store.write([], failures, letters)
     await aggregator.completion.observe(written_results(failures, written))
     await aggregator.completion.after_write({(f.run_id, f.shard_id) for f in failures})
-
-
-_crash_counts: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """Fault injection (FAULT_INJECT="<name>=N"): die abruptly at the N-th pass, as a
-    kill -9 would, to prove that what was written but not committed is redelivered safely."""
-    spec = dict(p.split("=", 1) for p in settings.fault_inject.split(",") if "=" in p)
-    if name in spec:
-        _crash_counts[name] = _crash_counts.get(name, 0) + 1
-        if _crash_counts[name] >= int(spec[name]):
-            log.warning("fault injection: exiting at %s #%d", name, _crash_counts[name])
-            os._exit(137)
 
 
 async def report_page(scope: Any, receive: Any, send: Any) -> None:

@@ -6,8 +6,7 @@ from evalstream.common.settings import WorkerSettings
 from evalstream.common.specs import serves
 from evalstream.worker.engines import load_engine
 from evalstream.worker.engines.base import Engine, PermanentEngineError
-from evalstream.worker.engines.chaos import ChaosEngine
-from evalstream.worker.engines.slow import SlowEngine
+from evalstream.worker.engines.testhooks import EngineTestHooks
 
 
 class Engines:
@@ -16,6 +15,7 @@ class Engines:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
+        self.test_hooks = EngineTestHooks.from_settings(settings)
         self._loaded: dict[str, Engine] = {}
 
     def __call__(self, spec: str) -> Engine:
@@ -25,11 +25,7 @@ class Engines:
                 raise PermanentEngineError(
                     f"group {self.settings.worker_group} does not serve model {spec!r}"
                 )
-            engine = load_engine(spec, self.settings)
-            if self.settings.engine_faults:
-                engine = ChaosEngine(engine, self.settings.engine_faults)
-            if self.settings.engine_delay_ms:
-                engine = SlowEngine(engine, self.settings.engine_delay_ms)
+            engine = self.test_hooks.wrap(load_engine(spec, self.settings))
             self._loaded[spec] = engine
         return engine
 

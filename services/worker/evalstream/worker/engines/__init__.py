@@ -161,9 +161,9 @@ def _resolve_file(parsed: ParsedSpec) -> Path | None:
     return None
 
 
-def load_engine(spec: str, settings: WorkerSettings, *, faults: str | None = None) -> Engine:
-    """Loads the engine for `spec` (blocking: an hf model takes seconds). With `faults`
-    (the worker's ENGINE_FAULTS), wraps it in a ChaosEngine for fault-injection tests."""
+def load_engine(spec: str, settings: WorkerSettings) -> Engine:
+    """Loads the engine for `spec` (blocking: an hf model takes seconds). Test hooks wrap
+    it elsewhere (engines/testhooks.py, applied by the worker's engine registry)."""
     parsed = parse_spec(spec)
     path = _resolve_file(parsed)
     name = spec.strip()
@@ -186,8 +186,4 @@ def load_engine(spec: str, settings: WorkerSettings, *, faults: str | None = Non
         from evalstream.worker.engines.openai import OpenAIEngine, parse_target
 
         engine = OpenAIEngine(parse_target(parsed.target), name=name)
-    if faults:
-        from evalstream.worker.engines.chaos import ChaosEngine
-
-        engine = ChaosEngine(engine, faults)
     return engine

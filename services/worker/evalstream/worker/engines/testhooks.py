@@ -1,7 +1,10 @@
-"""Fault injection: a wrapper that makes chosen requests fail, deterministically.
+"""TEST-ONLY engine hooks, applied at one point (`wrap_for_tests`), never set in production:
 
-Configured by a string such as "transient=0.1,permanent=0.01,seed=7" (the worker reads it
-from ENGINE_FAULTS). An item fails permanently when u(seed, item) < permanent, whatever the
+* ENGINE_FAULTS: a ChaosEngine makes chosen requests fail, deterministically (the fault
+  suite, the pipeline tests);
+* ENGINE_DELAY_MS: a SlowEngine adds a per-item delay (benchmarks that need a slower group).
+
+ENGINE_FAULTS is a string such as "transient=0.1,permanent=0.01,seed=7", parsed once. An item fails permanently when u(seed, item) < permanent, whatever the
 attempt; an attempt fails transiently when u(seed, item, attempt) < transient. `u` is a
 sha256-derived uniform number in [0, 1), the same in every process (unlike hash()), so that
 tests can compute which items must end in the DLQ and which must succeed after retries.
@@ -10,10 +13,12 @@ tests can compute which items must end in the DLQ and which must succeed after r
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from typing import Literal
 
 from evalstream.common.messages import ChatMessage
+from evalstream.common.settings import TestHookSettings
 from evalstream.worker.engines import EngineConfigError
 from evalstream.worker.engines.base import (
     Engine,
@@ -106,3 +111,55 @@ class ChaosEngine:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class SlowEngine:
+    """An artificial per-item delay around any engine: a batch of n requests takes n × delay
+    longer, as on a device with a fixed item throughput. Answers (and so the cache key) are
+    the wrapped engine's."""
+
+    def __init__(self, inner: Engine, delay_ms: float) -> None:
+        if delay_ms < 0:
+            raise ValueError(f"ENGINE_DELAY_MS must be >= 0, got {delay_ms}")
+        self.inner = inner
+        self.delay_s = delay_ms / 1000
+        self.name = inner.name
+        self.revision = inner.revision
+        self.cacheable = inner.cacheable
+        self.device = inner.device
+
+    def render_prompt(self, messages: list[ChatMessage]) -> str:
+        return self.inner.render_prompt(messages)
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        time.sleep(self.delay_s * len(requests))  # runs in the worker's engine thread
+        return self.inner.generate(requests)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class EngineTestHooks:
+    """The engine hooks of the test-only settings, parsed once (at the worker's start)."""
+
+    faults: FaultPlan | None = None
+    delay_ms: float = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: TestHookSettings) -> EngineTestHooks:
+        if settings.engine_delay_ms < 0:
+            raise EngineConfigError(f"ENGINE_DELAY_MS must be >= 0, got {settings.engine_delay_ms}")
+        faults = FaultPlan.parse(settings.engine_faults) if settings.engine_faults.strip() else None
+        return cls(faults=faults, delay_ms=settings.engine_delay_ms)
+
+    def wrap(self, engine: Engine) -> Engine:
+        """The one place test hooks reach an engine: faults first, then the delay."""
+        if self.faults is not None:
+            engine = ChaosEngine(engine, self.faults)
+        if self.delay_ms:
+            engine = SlowEngine(engine, self.delay_ms)
+        return engine
