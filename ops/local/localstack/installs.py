@@ -1,0 +1,88 @@
+"""What the stack installs on first use, cached under $EVALSTREAM_CACHE: Debian packages,
+Kafka's jars from Maven Central, a SeaweedFS build."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from localstack.config import CACHE, KAFKA_VERSION, ROOT, SEAWEEDFS_VERSION, log, run
+
+
+def pg_bin() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        raise FileNotFoundError("initdb")
+    return found[-1].parent
+
+
+def install_apt() -> None:
+    missing = [
+        p
+        for p, probe in (("prometheus", "prometheus"), ("bubblewrap", "bwrap"), ("chromium", "chromium"))
+        if not shutil.which(probe)
+    ]
+    try:
+        pg_bin()
+    except FileNotFoundError:
+        missing.append("postgresql")
+    if not missing:
+        return
+    log(f"installing from Debian: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", *missing], env=env, stdout=subprocess.DEVNULL)
+
+
+def kafka_libs() -> Path:
+    libs = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
+    if (libs / ".complete").exists():
+        return libs
+    log(f"fetching Apache Kafka {KAFKA_VERSION} broker jars from Maven Central")
+    tmp = libs.with_suffix(".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(ROOT / "ops/local/kafka/pom.xml"),
+            f"-Dkafka.version={KAFKA_VERSION}",
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp}",
+        ]
+    )
+    shutil.rmtree(libs, ignore_errors=True)
+    tmp.rename(libs)
+    (libs / ".complete").touch()
+    return libs
+
+
+def weed_binary() -> Path:
+    binary = CACHE / f"seaweedfs-{SEAWEEDFS_VERSION}" / "weed"
+    if binary.exists():
+        return binary
+    # `go install pkg@version` refuses modules whose go.mod has replace directives (SeaweedFS
+    # has one), so build inside the downloaded module instead, where it is the main module.
+    log("building SeaweedFS with the Go toolchain (first time only, a few minutes)")
+    env = {**os.environ, "GOFLAGS": "-buildvcs=false -mod=mod"}
+    out = run(
+        ["go", "mod", "download", "-json", f"github.com/seaweedfs/seaweedfs@{SEAWEEDFS_VERSION}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        cwd="/",
+    )
+    src_dir = Path(json.loads(out.stdout)["Dir"])
+    build = CACHE / "seaweedfs-src"
+    shutil.rmtree(build, ignore_errors=True)
+    shutil.copytree(src_dir, build)
+    run(["chmod", "-R", "u+w", str(build)])
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    run(["go", "build", "-o", str(binary.with_suffix(".tmp")), "./weed"], cwd=build, env=env)
+    binary.with_suffix(".tmp").rename(binary)
+    shutil.rmtree(build, ignore_errors=True)
+    return binary

@@ -1,0 +1,96 @@
+"""The Kafka broker (KRaft, single node): its configuration, storage format and health."""
+
+from __future__ import annotations
+
+import subprocess
+
+from localstack.config import KAFKA_CONTROLLER_PORT, KAFKA_PORT, STACK, port_open, run
+from localstack.installs import kafka_libs
+
+
+def kafka_prepare() -> None:
+    d = STACK / "kafka"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "server.properties").write_text(f"""\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{KAFKA_CONTROLLER_PORT}
+listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}
+advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={d / "data"}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=12
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.hours=168
+""")
+    (d / "log4j2.properties").write_text("""\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+""")
+    if not (d / "data" / "meta.properties").exists():
+        cp = f"{kafka_libs()}/*"
+        cluster_id = run(
+            ["java", "-cp", cp, "kafka.tools.StorageTool", "random-uuid"], stdout=subprocess.PIPE
+        ).stdout.strip()
+        run(
+            [
+                "java",
+                "-cp",
+                cp,
+                f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(d / "server.properties"),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+
+
+def kafka_argv() -> list[str]:
+    d = STACK / "kafka"
+    return [
+        "java",
+        "-Xms256m",
+        "-Xmx768m",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
+        "-cp",
+        f"{kafka_libs()}/*",
+        "kafka.Kafka",
+        str(d / "server.properties"),
+    ]
+
+
+def kafka_healthy() -> bool:
+    log_text = (
+        (STACK / "logs" / "kafka.log").read_text(errors="replace")
+        if (STACK / "logs/kafka.log").exists()
+        else ""
+    )
+    return (port_open(KAFKA_PORT) and "Kafka Server started" in log_text.rsplit("Starting", 1)[-1]) or (
+        port_open(KAFKA_PORT) and "started" in log_text[-4000:]
+    )

@@ -1,0 +1,47 @@
+"""Prometheus, scraping the stack's services (workers through a file of targets)."""
+
+from __future__ import annotations
+
+import json
+
+from evalstream.common.settings import SERVICE_PORTS
+from localstack.config import PORTS, PROM_PORT, ROOT, STACK
+
+
+def worker_ports(n: int) -> list[int]:
+    return [PORTS["worker"] + i for i in range(n)]
+
+
+def prometheus_prepare(workers: int) -> None:
+    d = STACK / "prometheus"
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    src = (ROOT / "ops/prometheus/prometheus.local.yml").read_text()
+    src = src.replace("__STACK__", str(d)).replace("__ROOT__", str(ROOT))
+    for name, port in SERVICE_PORTS.items():
+        src = src.replace(f"127.0.0.1:{port}", f"127.0.0.1:{PORTS[name]}")
+    src = src.replace("127.0.0.1:9090", f"127.0.0.1:{PROM_PORT}")
+    (d / "prometheus.yml").write_text(src)
+    write_worker_targets(workers)
+
+
+def write_worker_targets(workers: int) -> None:
+    d = STACK / "prometheus"
+    d.mkdir(parents=True, exist_ok=True)
+    targets = [
+        {"targets": [f"127.0.0.1:{p}" for p in worker_ports(workers)], "labels": {"service": "worker"}}
+    ]
+    tmp = d / "workers.json.tmp"
+    tmp.write_text(json.dumps(targets))
+    tmp.replace(d / "workers.json")
+
+
+def prometheus_argv() -> list[str]:
+    d = STACK / "prometheus"
+    return [
+        "prometheus",
+        f"--config.file={d / 'prometheus.yml'}",
+        f"--storage.tsdb.path={d / 'data'}",
+        f"--web.listen-address=127.0.0.1:{PROM_PORT}",
+        "--web.enable-lifecycle",
+        "--storage.tsdb.retention.time=7d",
+    ]

@@ -1,0 +1,65 @@
+"""SeaweedFS: master, volume, filer and the S3 gateway in one process."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from evalstream.common.settings import S3Settings
+from localstack.config import S3_PORT, STACK, WEED_PORTS
+from localstack.installs import weed_binary
+
+
+def weed_prepare() -> None:
+    s3 = S3Settings.from_env()
+    d = STACK / "s3"
+    (d / "data").mkdir(parents=True, exist_ok=True)
+    identity = {
+        "identities": [
+            {
+                "name": "evalstream",
+                "credentials": [
+                    {
+                        "accessKey": s3.s3_access_key,
+                        "secretKey": s3.s3_secret_key,
+                    }
+                ],
+                "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+            }
+        ]
+    }
+    (d / "s3.json").write_text(json.dumps(identity, indent=2))
+
+
+def weed_argv() -> list[str]:
+    d = STACK / "s3"
+    return [
+        str(weed_binary()),
+        "server",
+        f"-dir={d / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={WEED_PORTS['master']}",
+        f"-volume.port={WEED_PORTS['volume']}",
+        f"-filer.port={WEED_PORTS['filer']}",
+        f"-master.port.grpc={WEED_PORTS['master'] + 10000}",
+        f"-volume.port.grpc={WEED_PORTS['volume'] + 10000}",
+        f"-filer.port.grpc={WEED_PORTS['filer'] + 10000}",
+        "-master.volumeSizeLimitMB=256",
+        "-volume.max=64",
+        "-s3",
+        f"-s3.port={S3_PORT}",
+        f"-s3.port.grpc={S3_PORT + 10000}",
+        f"-s3.config={d / 's3.json'}",
+    ]
+
+
+def weed_healthy() -> bool:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{S3_PORT}/", timeout=2)
+    except urllib.error.HTTPError:
+        return True  # 403 without credentials: the gateway answers
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
