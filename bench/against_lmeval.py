@@ -33,13 +33,13 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, data, inprocess, interference, paths, pipeline_runs, profiled, pure, recording
 
 NAME = "against_lmeval"
 GOAL = 2.0
 LMEVAL_VERSION = "0.4.13"
-VENV = c.BENCH / ".venv-lmeval"
-TASK_DIR = c.BENCH / "lmeval"
+VENV = paths.BENCH / ".venv-lmeval"
+TASK_DIR = paths.BENCH / "lmeval"
 DATA = TASK_DIR / "short_qa.jsonl"
 
 
@@ -62,12 +62,14 @@ def ensure_lmeval_venv() -> dict[str, Any]:
     if py.exists() and subprocess.run([str(py), "-c", "import lm_eval"], capture_output=True).returncode == 0:
         first = json.loads(record.read_text()) if record.exists() else None
         return {"created": False, "path": str(VENV), "size_bytes": _dir_bytes(VENV), "when_created": first}
-    c.log(f"creating {VENV} with lm-eval {LMEVAL_VERSION} (the project's torch is shared, not reinstalled)")
+    recording.log(
+        f"creating {VENV} with lm-eval {LMEVAL_VERSION} (the project's torch is shared, not reinstalled)"
+    )
     shutil.rmtree(VENV, ignore_errors=True)
     info = json.loads(
         subprocess.run(
             [
-                str(c.PY),
+                str(paths.PY),
                 "-c",
                 "import sys, sysconfig, json; print(json.dumps([sys.base_prefix, sysconfig.get_paths()['purelib'],"
                 " f'python{sys.version_info[0]}.{sys.version_info[1]}']))",
@@ -84,9 +86,9 @@ def ensure_lmeval_venv() -> dict[str, Any]:
     # transformers and accelerate come from the project (pip sees them as installed).
     site = VENV / "lib" / pyver / "site-packages"
     (site / "evalstream-project.pth").write_text(
-        str(c.ROOT / ".venv" / "lib" / pyver / "site-packages") + "\n"
+        str(paths.ROOT / ".venv" / "lib" / pyver / "site-packages") + "\n"
     )
-    assert Path(project_site).resolve() == (c.ROOT / ".venv" / "lib" / pyver / "site-packages").resolve()
+    assert Path(project_site).resolve() == (paths.ROOT / ".venv" / "lib" / pyver / "site-packages").resolve()
     subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"lm-eval=={LMEVAL_VERSION}"],
         check=True,
@@ -113,7 +115,7 @@ class LmEval:
     """The driver process: model loaded once, one simple_evaluate per call."""
 
     def __init__(self, model_dir: Path, max_gen_toks: int) -> None:
-        self.stderr = (c.stack_dir() / "logs" / "bench-lmeval.log").open("a")
+        self.stderr = (benchstack.stack_dir() / "logs" / "bench-lmeval.log").open("a")
         self.proc = subprocess.Popen(
             [
                 str(VENV / "bin" / "python"),
@@ -140,7 +142,7 @@ class LmEval:
 
     def evaluate(self, batch_size: int, limit: int | None) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        other = c.Interference()
+        other = interference.Interference()
         self.proc.stdin.write(json.dumps({"batch_size": batch_size, "limit": limit}) + "\n")
         self.proc.stdin.flush()
         res = self._read()
@@ -166,20 +168,20 @@ def profile_engine(rows: list[dict[str, Any]], max_tokens: int) -> dict[str, Any
     pyinstrument profile of one full batch written next to the results."""
     from pyinstrument import Profiler
 
-    engine = c.load_engine()
-    full = c.prepare(engine, rows, max_tokens)
-    one = c.prepare(engine, rows, 1)
-    plan = c.default_plan(full)
+    engine = inprocess.load_engine()
+    full = inprocess.prepare(engine, rows, max_tokens)
+    one = inprocess.prepare(engine, rows, 1)
+    plan = inprocess.default_plan(full)
     engine.generate(full.requests[:2])  # warm-up
-    t_full = c.run_engine(engine, full, plan)
-    t_prefill = c.run_engine(engine, one, plan)
+    t_full = inprocess.run_engine(engine, full, plan)
+    t_prefill = inprocess.run_engine(engine, one, plan)
     profiler = Profiler(interval=0.005)
     profiler.start()
-    c.run_engine(engine, full, plan[:1])
+    inprocess.run_engine(engine, full, plan[:1])
     profiler.stop()
     text = profiler.output_text(unicode=False, color=False, show_all=False)
-    c.RESULTS.mkdir(parents=True, exist_ok=True)
-    (c.RESULTS / f"{NAME}.profile.txt").write_text(text)
+    paths.RESULTS.mkdir(parents=True, exist_ok=True)
+    (paths.RESULTS / f"{NAME}.profile.txt").write_text(text)
     session = profiler.last_session
     flat = flat_self_time(session.root_frame()) if session is not None else []
     tok = engine.tokenizer
@@ -201,7 +203,7 @@ def profile_engine(rows: list[dict[str, Any]], max_tokens: int) -> dict[str, Any
         "mean_completion_tokens": round(t_full.completion_tokens / len(rows), 1),
         "template_tokens_shared_by_every_prompt": shared,
         "decode_waste": round(decode_waste, 3),
-        "pyinstrument_report": str(c.RESULTS / f"{NAME}.profile.txt"),
+        "pyinstrument_report": str(paths.RESULTS / f"{NAME}.profile.txt"),
         "self_time_top": flat,
     }
 
@@ -237,7 +239,7 @@ def pipeline_prompt(model_dir: Path, rows: list[dict[str, Any]], like: str | Non
         shard_id="x",
         shard_index=0,
         shard_count=1,
-        model=c.DEFAULT_MODEL,
+        model=paths.DEFAULT_MODEL,
         grader="exact",
         generation=GenerationParams(),
         items=[item],
@@ -278,14 +280,14 @@ def explain_miss(ratio: float, busy: float | None, p: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    args = recording.arg_parser(__doc__).parse_args()
     started = time.monotonic()
-    c.use_bench_stack()
-    c.ensure_up()
+    benchstack.use_bench_stack()
+    benchstack.ensure_up()
     n, max_tokens = 128, 32
     sweep, repeats, limit = ([8, 32, 128], 3, None) if not args.quick else ([4, 16], 1, 16)
-    rows = c.arithmetic_rows(n, seed=2)
-    c.write_jsonl(DATA, rows)
+    rows = data.arithmetic_rows(n, seed=2)
+    data.write_jsonl(DATA, rows)
     used = rows[: limit or n]
 
     venv = ensure_lmeval_venv()
@@ -297,16 +299,16 @@ def main() -> None:
     model_dir = ensure_safetensors_cache(
         gguf, Path(Settings.from_env().resolved_model_cache_dir), file_sha256(gguf)
     )
-    c.log(f"lm-eval venv {venv}; model files {model_dir}")
+    recording.log(f"lm-eval venv {venv}; model files {model_dir}")
 
     lm = LmEval(model_dir, max_tokens)
     try:
-        c.log(f"lm-eval ready: {lm.ready}")
-        budget = c.Budget(600, 3)  # the sweep and the repeats
+        recording.log(f"lm-eval ready: {lm.ready}")
+        budget = profiled.Budget(600, 3)  # the sweep and the repeats
         sweep_out = []
         for bs in sweep:
             res = lm.evaluate(bs, limit)
-            c.log(
+            recording.log(
                 f"lm-eval batch {bs}: {res['items_per_s']:.3f} items/s ({res['seconds']:.1f} s, generate {res['generate_s']:.1f} s; "
                 f"other work {res['other_load_cores']:.2f} cores)"
             )
@@ -315,13 +317,16 @@ def main() -> None:
         gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
         reps: list[dict[str, Any]] = []
         for r in budget.range(repeats):
-            c.clear_answer_cache()
+            inprocess.clear_answer_cache()
 
-            def pipe(r: int = r) -> tuple[c.PipelineRun, dict[str, float]]:
-                before = c.engine_calls()
-                other = c.Interference()
-                run = c.run_pipeline(used, *gen, name=f"bench-lmeval-{r}")
-                return run, {**c.delta(c.engine_calls(), before), "other_load_cores": other.cores()}
+            def pipe(r: int = r) -> tuple[pipeline_runs.PipelineRun, dict[str, float]]:
+                before = inprocess.engine_calls()
+                other = interference.Interference()
+                run = pipeline_runs.run_pipeline(used, *gen, name=f"bench-lmeval-{r}")
+                return run, {
+                    **inprocess.delta(inprocess.engine_calls(), before),
+                    "other_load_cores": other.cores(),
+                }
 
             if r % 2 == 0:
                 p, calls = pipe()
@@ -329,12 +334,12 @@ def main() -> None:
             else:
                 le = lm.evaluate(best, limit)
                 p, calls = pipe()
-            stored = c.responses(p.run_id)
+            stored = inprocess.responses(p.run_id)
             same = sum(
                 1 for k, v in le["responses"].items() if (stored.get(k) or "").strip() == str(v).strip()
             )
             ratio = p.items_per_s / le["items_per_s"]
-            c.log(
+            recording.log(
                 f"repeat {r}: pipeline {p.items_per_s:.3f} items/s, lm-eval(bs {best}) {le['items_per_s']:.3f} -> {ratio:.3f}; "
                 f"other work {calls['other_load_cores']:.2f} / {le['other_load_cores']:.2f} cores"
             )
@@ -363,23 +368,23 @@ def main() -> None:
     # The pipeline's prompt must be lm-eval's: compare the first rendered prompt.
     first_prompt = sweep_out[0].get("first_prompt")
     engine_prompt = pipeline_prompt(model_dir, used, first_prompt)
-    ratio_s = c.headline(
+    ratio_s = interference.headline(
         [x["ratio"] for x in reps],
         [(x["other_load_cores"]["pipeline"], x["other_load_cores"]["lmeval"]) for x in reps],
     )
     med = ratio_s["median"]
-    busy = c.summarize([x["pipeline_engine_busy_ratio"] for x in reps])["median"]
+    busy = pure.summarize([x["pipeline_engine_busy_ratio"] for x in reps])["median"]
     profile = None
     diagnosis: list[str] = []
     if med is not None and med < GOAL:
-        c.log("goal missed: profiling the engine in-process")
+        recording.log("goal missed: profiling the engine in-process")
         profile = profile_engine(used[:32], max_tokens)
         diagnosis.append(explain_miss(med, busy, profile))
     note = (
         f"{len(used)} questions, max_gen_toks {max_tokens}, lm-eval {lm.ready.get('lm_eval')} HF backend, "
-        f"best batch {best} of {sweep}; same answers {c.fmt_num(reps[0]['same_answers'])}"
+        f"best batch {best} of {sweep}; same answers {pure.fmt_num(reps[0]['same_answers'])}"
     )
-    c.write_result(
+    recording.write_result(
         NAME,
         {
             "time_allowance": budget.as_dict(),
@@ -401,16 +406,16 @@ def main() -> None:
             "best_batch_size": best,
             "repeats": reps,
             "ratio": ratio_s,
-            "ratio_vs_generate_only": c.summarize([x["ratio_vs_generate_only"] for x in reps]),
-            "ratio_vs_cold_cli": c.summarize([x["ratio_vs_cold_cli"] for x in reps]),
+            "ratio_vs_generate_only": pure.summarize([x["ratio_vs_generate_only"] for x in reps]),
+            "ratio_vs_cold_cli": pure.summarize([x["ratio_vs_cold_cli"] for x in reps]),
             "profile": profile,
             "diagnosis": diagnosis,
             "goals": [
-                c.goal_row(
+                pure.goal_row(
                     "2",
                     "vs lm-evaluation-harness (pipeline ÷ lm-eval at its best batch, items/s)",
                     f"≥ {GOAL:.0f}×",
-                    c.headline_text(ratio_s, "×"),
+                    interference.headline_text(ratio_s, "×"),
                     med is not None and med >= GOAL,
                     note,
                 )

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, inprocess, profiled, pure, recording
 
 NAME = "batching"
 FIXED = (1, 8, 32)
@@ -82,29 +82,29 @@ def mixed_rows(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    args = recording.arg_parser(__doc__).parse_args()
     started = time.monotonic()
-    c.use_bench_stack()  # for the settings' MODEL_CACHE_DIR and batch defaults only
+    benchstack.use_bench_stack()  # for the settings' MODEL_CACHE_DIR and batch defaults only
     n, max_tokens, repeats = (8, 16, 1) if args.quick else (24, 40, 3)
     rows = mixed_rows(n, seed=6)
-    engine = c.load_engine()
-    prepared = c.prepare(engine, rows, max_tokens, grader="exact", prompt_template="{question}")
+    engine = inprocess.load_engine()
+    prepared = inprocess.prepare(engine, rows, max_tokens, grader="exact", prompt_template="{question}")
     engine.generate(prepared.requests[:2])  # warm-up, untimed
-    policies: dict[str, list[list[int]]] = {"default": c.default_plan(prepared)}
+    policies: dict[str, list[list[int]]] = {"default": inprocess.default_plan(prepared)}
     for k in FIXED:
-        policies[f"fixed-{k}"] = c.fixed_batches(n, k)
+        policies[f"fixed-{k}"] = pure.fixed_batches(n, k)
     lengths = prepared.prompt_tokens
-    c.log(
+    recording.log(
         f"{n} items, prompt tokens {min(lengths)}–{max(lengths)}, max_tokens {max_tokens}; "
         f"default plan {[len(b) for b in policies['default']]}"
     )
     names = list(policies)
     per: dict[str, list[dict[str, Any]]] = {p: [] for p in names}
-    budget = c.Budget(240, 1)
+    budget = profiled.Budget(240, 1)
     for r in budget.range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for p in order:
-            run = c.run_engine(engine, prepared, policies[p])
+            run = inprocess.run_engine(engine, prepared, policies[p])
             completions = [getattr(o, "completion_tokens", 0) for o in run.outputs]
             slots = sum(len(b) * max(completions[i] for i in b) for b in run.batches)
             per[p].append(
@@ -116,14 +116,14 @@ def main() -> None:
                     "completion_tokens": sum(completions),
                 }
             )
-            c.log(f"repeat {r} {p}: {run.items_per_s:.3f} items/s ({run.seconds:.1f} s)")
+            recording.log(f"repeat {r} {p}: {run.items_per_s:.3f} items/s ({run.seconds:.1f} s)")
     reference = per["fixed-1"][0]["texts"]
     out: dict[str, Any] = {}
     for p in names:
-        pad = c.padding_stats([[lengths[i] for i in b] for b in policies[p]])
+        pad = pure.padding_stats([[lengths[i] for i in b] for b in policies[p]])
         out[p] = {
             "batches": [len(b) for b in policies[p]],
-            "items_per_s": c.summarize([x["items_per_s"] for x in per[p]]),
+            "items_per_s": pure.summarize([x["items_per_s"] for x in per[p]]),
             "padding_ratio": round(pad["padding_ratio"], 4),
             "mean_batch_padding_ratio": round(pad["mean_batch_padding_ratio"], 4),
             "decode_waste": round(sum(x["decode_waste"] for x in per[p]) / len(per[p]), 4),
@@ -134,8 +134,8 @@ def main() -> None:
         }
     vs: dict[str, Any] = {}
     for k in FIXED:
-        vs[f"fixed-{k}"] = c.summarize(
-            c.ratios(
+        vs[f"fixed-{k}"] = pure.summarize(
+            pure.ratios(
                 [x["items_per_s"] for x in per["default"]], [x["items_per_s"] for x in per[f"fixed-{k}"]]
             )
         )
@@ -143,10 +143,10 @@ def main() -> None:
     vs_best = vs[f"fixed-{best_fixed}"]
     med = vs_best["median"]
     table = "; ".join(
-        f"{p}: {c.fmt_num(out[p]['items_per_s']['median'])} items/s, padding {out[p]['padding_ratio']:.0%}"
+        f"{p}: {pure.fmt_num(out[p]['items_per_s']['median'])} items/s, padding {out[p]['padding_ratio']:.0%}"
         for p in names
     )
-    c.write_result(
+    recording.write_result(
         NAME,
         {
             "time_allowance": budget.as_dict(),
@@ -165,12 +165,12 @@ def main() -> None:
             "default_over_fixed": vs,
             "best_fixed": best_fixed,
             "goals": [
-                c.goal_row(
+                pure.goal_row(
                     "6",
                     "dynamic batching (default ÷ best fixed batch size, items/s; in-process engine + plan)",
                     "≥ 1",
-                    f"{c.fmt_num(med)} vs fixed-{best_fixed} (median of {vs_best['n']}); "
-                    + ", ".join(f"vs fixed-{k} {c.fmt_num(vs[f'fixed-{k}']['median'])}" for k in FIXED),
+                    f"{pure.fmt_num(med)} vs fixed-{best_fixed} (median of {vs_best['n']}); "
+                    + ", ".join(f"vs fixed-{k} {pure.fmt_num(vs[f'fixed-{k}']['median'])}" for k in FIXED),
                     med is not None and med >= 1.0,
                     table,
                 )

@@ -17,32 +17,32 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, data, inprocess, paths, pipeline_runs, profiled, pure, recording
 
 NAME = "cache"
 GOAL = 20.0
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    args = recording.arg_parser(__doc__).parse_args()
     started = time.monotonic()
-    c.use_bench_stack()
-    c.ensure_up()
+    benchstack.use_bench_stack()
+    benchstack.ensure_up()
     n, max_tokens, repeats = (8, 16, 1) if args.quick else (32, 32, 3)
     gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
     reps: list[dict[str, Any]] = []
-    budget = c.Budget(150, 2)
+    budget = profiled.Budget(150, 2)
     for r in budget.range(repeats):
-        rows = c.arithmetic_rows(n, seed=400 + r, prefix=f"c{r}-")
-        c.clear_answer_cache()
-        before = c.engine_calls()
-        cold = c.run_pipeline(rows, *gen, name=f"bench-cache-cold-{r}", poll_s=0.01)
-        mid = c.engine_calls()
-        warm = c.run_pipeline(rows, *gen, name=f"bench-cache-warm-{r}", poll_s=0.01)
-        after = c.engine_calls()
-        cold_calls, warm_calls = c.delta(mid, before), c.delta(after, mid)
+        rows = data.arithmetic_rows(n, seed=400 + r, prefix=f"c{r}-")
+        inprocess.clear_answer_cache()
+        before = inprocess.engine_calls()
+        cold = pipeline_runs.run_pipeline(rows, *gen, name=f"bench-cache-cold-{r}", poll_s=0.01)
+        mid = inprocess.engine_calls()
+        warm = pipeline_runs.run_pipeline(rows, *gen, name=f"bench-cache-warm-{r}", poll_s=0.01)
+        after = inprocess.engine_calls()
+        cold_calls, warm_calls = inprocess.delta(mid, before), inprocess.delta(after, mid)
         speedup = cold.elapsed_s / warm.elapsed_s
-        c.log(
+        recording.log(
             f"repeat {r}: cold {cold.elapsed_s:.2f} s ({cold_calls['batches']:.0f} engine batches), "
             f"warm {warm.elapsed_s:.2f} s ({warm_calls['batches']:.0f} batches, {warm.cache_hits}/{n} hits) -> {speedup:.1f}x"
         )
@@ -55,7 +55,7 @@ def main() -> None:
                 "speedup": round(speedup, 3),
             }
         )
-    speed = c.summarize([x["speedup"] for x in reps])
+    speed = pure.summarize([x["speedup"] for x in reps])
     zero = all(
         x["warm_engine"]["batches"] == 0
         and x["warm_engine"]["tokens_out"] == 0
@@ -65,25 +65,30 @@ def main() -> None:
     all_hits = all(x["warm"]["cache_hits"] == n for x in reps)
     counted = any(x["cold_engine"]["engine_requests"] > 0 for x in reps)
     med = speed["median"]
-    c.write_result(
+    recording.write_result(
         NAME,
         {
             "time_allowance": budget.as_dict(),
-            "params": {"items": n, "max_tokens": max_tokens, "repeats": repeats, "model": c.DEFAULT_MODEL},
+            "params": {
+                "items": n,
+                "max_tokens": max_tokens,
+                "repeats": repeats,
+                "model": paths.DEFAULT_MODEL,
+            },
             "repeats": reps,
             "speedup": speed,
             "engine_requests_metric_counts": counted,
             "diagnosis": []
             if med is not None and med >= GOAL and zero
             else [
-                f"cache: cold {c.summarize([x['cold']['elapsed_s'] for x in reps])['median']} s, warm "
-                f"{c.summarize([x['warm']['elapsed_s'] for x in reps])['median']} s (medians); engine calls in the "
+                f"cache: cold {pure.summarize([x['cold']['elapsed_s'] for x in reps])['median']} s, warm "
+                f"{pure.summarize([x['warm']['elapsed_s'] for x in reps])['median']} s (medians); engine calls in the "
                 f"warm runs: {[x['warm_engine'] for x in reps]}. The warm run's time is the pipeline's fixed path "
                 "(submit, producer, router, one worker round with its batch wait and cache lookup, aggregator), "
                 "so the ratio grows with the job's size."
             ],
             "goals": [
-                c.goal_row(
+                pure.goal_row(
                     "4a",
                     "cache: engine calls in an identical second run",
                     "0",
@@ -94,14 +99,14 @@ def main() -> None:
                     "counted from the worker's evalstream_batch_size_count and evalstream_tokens_total"
                     + ("" if counted else " (evalstream_engine_requests_total is not incremented yet)"),
                 ),
-                c.goal_row(
+                pure.goal_row(
                     "4b",
                     "cache: second run speed-up (cold time ÷ warm time)",
                     f"≥ {GOAL:.0f}×",
-                    f"{c.fmt_num(med)}× (median of {speed['n']}; {c.fmt_num(speed['min'])}–{c.fmt_num(speed['max'])})",
+                    f"{pure.fmt_num(med)}× (median of {speed['n']}; {pure.fmt_num(speed['min'])}–{pure.fmt_num(speed['max'])})",
                     med is not None and med >= GOAL,
                     f"{n} items, max_tokens {max_tokens}, default model on CPU; warm run "
-                    f"{c.fmt_num(c.summarize([x['warm']['elapsed_s'] for x in reps])['median'])} s",
+                    f"{pure.fmt_num(pure.summarize([x['warm']['elapsed_s'] for x in reps])['median'])} s",
                 ),
             ],
         },

@@ -20,20 +20,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, data, inprocess, interference, paths, pipeline_runs, profiled, pure, recording
 
 NAME = "engine_efficiency"
 GOAL = 0.90
 
 
 def explain(ratio: float | None, reps: list[dict[str, Any]]) -> str:
-    busy = c.summarize([x["pipeline_engine_busy_ratio"] for x in reps])["median"] or 0.0
-    submit = c.summarize([x["pipeline"]["submit_s"] for x in reps])["median"] or 0.0
-    elapsed = c.summarize([x["pipeline"]["elapsed_s"] for x in reps])["median"] or 0.0
-    batches = c.summarize([x["pipeline_engine"]["batches"] for x in reps])["median"] or 0.0
+    busy = pure.summarize([x["pipeline_engine_busy_ratio"] for x in reps])["median"] or 0.0
+    submit = pure.summarize([x["pipeline"]["submit_s"] for x in reps])["median"] or 0.0
+    elapsed = pure.summarize([x["pipeline"]["elapsed_s"] for x in reps])["median"] or 0.0
+    batches = pure.summarize([x["pipeline_engine"]["batches"] for x in reps])["median"] or 0.0
     direct = len(reps[0]["direct"]["batches"]) if reps else 0
     # engine seconds inside the worker against the same plan run in this process
-    inflation = c.summarize(
+    inflation = pure.summarize(
         [
             x["pipeline_engine"]["engine_busy_s"] / x["direct"]["seconds"]
             for x in reps
@@ -64,42 +64,42 @@ def explain(ratio: float | None, reps: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    args = recording.arg_parser(__doc__).parse_args()
     started = time.monotonic()
-    c.use_bench_stack()
-    c.ensure_up()
+    benchstack.use_bench_stack()
+    benchstack.ensure_up()
     n, repeats, max_tokens = (16, 1, 16) if args.quick else (48, 5, 32)
-    rows = c.arithmetic_rows(n, seed=1)
+    rows = data.arithmetic_rows(n, seed=1)
     gen = ["--max-tokens", str(max_tokens), "--grader", "exact"]
 
-    c.log("loading the engine in-process")
-    engine = c.load_engine()
-    prepared = c.prepare(engine, rows, max_tokens)
-    plan = c.default_plan(prepared)
+    recording.log("loading the engine in-process")
+    engine = inprocess.load_engine()
+    prepared = inprocess.prepare(engine, rows, max_tokens)
+    plan = inprocess.default_plan(prepared)
     engine.generate(prepared.requests[:2])  # warm-up (first-call allocations), untimed
-    c.log(f"{n} items, max_tokens {max_tokens}, direct plan {[len(b) for b in plan]}")
+    recording.log(f"{n} items, max_tokens {max_tokens}, direct plan {[len(b) for b in plan]}")
 
     repeats_out: list[dict[str, Any]] = []
-    budget = c.Budget(200, 3)
+    budget = profiled.Budget(200, 3)
     for r in budget.range(repeats):
-        c.clear_answer_cache()
+        inprocess.clear_answer_cache()
 
         foreign: dict[str, float] = {}
 
-        def direct(foreign: dict[str, float] = foreign) -> c.EngineRun:
-            other = c.Interference()
-            run = c.run_engine(engine, prepared, plan)
+        def direct(foreign: dict[str, float] = foreign) -> inprocess.EngineRun:
+            other = interference.Interference()
+            run = inprocess.run_engine(engine, prepared, plan)
             foreign["direct"] = other.cores()
             return run
 
         def pipeline(
             r: int = r, foreign: dict[str, float] = foreign
-        ) -> tuple[c.PipelineRun, dict[str, float]]:
-            before = c.engine_calls()
-            other = c.Interference()
-            run = c.run_pipeline(rows, *gen, name=f"bench-engine-{r}")
+        ) -> tuple[pipeline_runs.PipelineRun, dict[str, float]]:
+            before = inprocess.engine_calls()
+            other = interference.Interference()
+            run = pipeline_runs.run_pipeline(rows, *gen, name=f"bench-engine-{r}")
             foreign["pipeline"] = other.cores()
-            return run, c.delta(c.engine_calls(), before)
+            return run, inprocess.delta(inprocess.engine_calls(), before)
 
         if r % 2 == 0:
             d = direct()
@@ -107,16 +107,16 @@ def main() -> None:
         else:
             p, calls = pipeline()
             d = direct()
-        same = c.same_answers(prepared, d.outputs, c.responses(p.run_id))
+        same = inprocess.same_answers(prepared, d.outputs, inprocess.responses(p.run_id))
         ratio = p.items_per_s / d.items_per_s
         busy = calls["engine_busy_s"] / p.elapsed_s if p.elapsed_s else 0.0
-        c.log(
+        recording.log(
             f"repeat {r}: pipeline {p.items_per_s:.3f} items/s ({p.elapsed_s:.1f} s, {calls['batches']:.0f} batches, "
             f"engine busy {busy:.0%}), direct {d.items_per_s:.3f} items/s ({d.seconds:.1f} s) -> ratio {ratio:.3f}; "
             f"other work on the machine: {foreign['pipeline']:.2f} / {foreign['direct']:.2f} cores"
         )
         if p.cache_hits or p.failed:
-            c.log(f"warning: {p.cache_hits} cache hits, {p.failed} failures in {p.run_id}")
+            recording.log(f"warning: {p.cache_hits} cache hits, {p.failed} failures in {p.run_id}")
         repeats_out.append(
             {
                 "pipeline": p.as_dict(),
@@ -134,12 +134,12 @@ def main() -> None:
                 "ratio": round(ratio, 4),
             }
         )
-    ratio_s = c.headline(
+    ratio_s = interference.headline(
         [x["ratio"] for x in repeats_out],
         [(x["other_load_cores"]["pipeline"], x["other_load_cores"]["direct"]) for x in repeats_out],
     )
     med = ratio_s["median"]
-    c.write_result(
+    recording.write_result(
         NAME,
         {
             "time_allowance": budget.as_dict(),
@@ -148,24 +148,24 @@ def main() -> None:
                 "repeats": repeats,
                 "max_tokens": max_tokens,
                 "grader": "exact",
-                "model": c.DEFAULT_MODEL,
+                "model": paths.DEFAULT_MODEL,
                 "device": engine.device,
                 "direct_plan": [len(b) for b in plan],
             },
             "repeats": repeats_out,
             "ratio": ratio_s,
-            "pipeline_items_per_s": c.summarize([x["pipeline"]["items_per_s"] for x in repeats_out]),
-            "direct_items_per_s": c.summarize([x["direct"]["items_per_s"] for x in repeats_out]),
+            "pipeline_items_per_s": pure.summarize([x["pipeline"]["items_per_s"] for x in repeats_out]),
+            "direct_items_per_s": pure.summarize([x["direct"]["items_per_s"] for x in repeats_out]),
             "diagnosis": [] if med is not None and med >= GOAL else [explain(med, repeats_out)],
             "goals": [
-                c.goal_row(
+                pure.goal_row(
                     "1",
                     "engine efficiency (pipeline ÷ direct engine, items/s)",
                     f"≥ {GOAL:.2f}",
-                    c.headline_text(ratio_s),
+                    interference.headline_text(ratio_s),
                     med is not None and med >= GOAL,
                     f"{n} items, max_tokens {max_tokens}, default model on CPU; "
-                    f"pipeline {c.fmt_num(c.summarize([x['pipeline']['items_per_s'] for x in repeats_out])['median'])} items/s",
+                    f"pipeline {pure.fmt_num(pure.summarize([x['pipeline']['items_per_s'] for x in repeats_out])['median'])} items/s",
                 )
             ],
         },

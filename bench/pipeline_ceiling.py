@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
 from evalstream.producer.intake import auto_shard_size
 
 NAME = "pipeline_ceiling"
@@ -41,9 +41,9 @@ SMALL_SHARDS = 32  # the sensitivity run: the same items in small shards
 
 
 def dataset(n: int) -> Path:
-    path = c.data_dir() / f"ceiling-{n}.jsonl"
+    path = data.data_dir() / f"ceiling-{n}.jsonl"
     if not path.exists():
-        c.write_jsonl(
+        data.write_jsonl(
             path,
             (
                 {"id": f"n{i:07d}", "question": f"What is {i} + {i % 7}?", "answer": str(i + i % 7)}
@@ -77,24 +77,28 @@ def measure(
     n: int, *, shard_args: list[str], deadline_s: float, profile_dir: Path | None = None
 ) -> dict[str, Any]:
     if profile_dir is None:
-        c.restart(SERVICES)
+        benchstack.restart(SERVICES)
     else:
         for name in SERVICES:
-            c.start_sampled(name, profile_dir / name, WORKER_ENV if name.startswith("worker") else None)
-    ready_s = c.wait_pipeline_ready()
-    c.run_pipeline(dataset(200), "--model", "null", *shard_args, total=200, name="bench-ceiling-warmup")
+            profiled.start_sampled(
+                name, profile_dir / name, WORKER_ENV if name.startswith("worker") else None
+            )
+    ready_s = profiled.wait_pipeline_ready()
+    pipeline_runs.run_pipeline(
+        dataset(200), "--model", "null", *shard_args, total=200, name="bench-ceiling-warmup"
+    )
     if profile_dir is not None:  # profile the measured run only, not start-up and warm-up
         for name in SERVICES:
-            if (pid := c.pid_of(name)) is not None:
+            if (pid := procstat.pid_of(name)) is not None:
                 os.kill(pid, signal.SIGUSR1)
-    meter = c.CpuMeter([*SERVICES, *INFRA])
+    meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()
-    log = c.stack_dir() / "logs" / "producer.log"
+    log = benchstack.stack_dir() / "logs" / "producer.log"
     log_from = log.stat().st_size if log.exists() else 0
     t0 = time.time()
     unfinished: dict[str, Any] | None = None
     try:
-        run = c.run_pipeline(
+        run = pipeline_runs.run_pipeline(
             dataset(n),
             "--model",
             "null",
@@ -104,21 +108,23 @@ def measure(
             poll_s=0.5,
             timeout=deadline_s,
         )
-    except c.Unfinished as exc:
+    except pipeline_runs.Unfinished as exc:
         elapsed = time.time() - t0
         unfinished = {
             "done": exc.done,
             "after_s": round(elapsed, 1),
             "producer_errors": producer_errors(log, log_from),
         }
-        run = c.PipelineRun(exc.run_id, exc.done, 0.0, elapsed, 0, 0)
-        c.log(
+        run = pipeline_runs.PipelineRun(exc.run_id, exc.done, 0.0, elapsed, 0, 0)
+        recording.log(
             f"{n} items: unfinished after {elapsed:.0f} s ({exc.done:,} results); {unfinished['producer_errors']}"
         )
     cpu = meter.stop()
-    peaks = {name: c.peak_rss_bytes(pid) for name in SERVICES if (pid := c.pid_of(name)) is not None}
+    peaks = {
+        name: procstat.peak_rss_bytes(pid) for name in SERVICES if (pid := procstat.pid_of(name)) is not None
+    }
     after_publish = run.elapsed_s - run.submit_s
-    c.log(
+    recording.log(
         f"{n} items: {run.items_per_s:,.0f} items/s end to end ({run.elapsed_s:.1f} s, submit {run.submit_s:.1f} s), "
         f"peaks MiB { ({k: round((v or 0) / 2**20) for k, v in peaks.items()}) }"
     )
@@ -139,10 +145,10 @@ def measure(
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    args = recording.arg_parser(__doc__).parse_args()
     started = time.monotonic()
-    c.use_bench_stack()
-    c.ensure_up(WORKER_ENV)
+    benchstack.use_bench_stack()
+    benchstack.ensure_up(WORKER_ENV)
     small, large = (1_500, 15_000) if args.quick else (15_000, 150_000)
     # The large run must fit the 30-minute `make bench`: past this it is reported as
     # unfinished (the rate so far) and the bench stack is reset.
@@ -154,16 +160,16 @@ def main() -> None:
         runs = [measure(small, shard_args=shard_args, deadline_s=deadline)]
         runs.append(measure(large, shard_args=shard_args, deadline_s=deadline))
         if any(r["unfinished"] for r in runs):
-            c.log("resetting the bench stack (a run could not finish)")
-            c.reset_stack()
-            c.ensure_up(WORKER_ENV)
+            recording.log("resetting the bench stack (a run could not finish)")
+            benchstack.reset_stack()
+            benchstack.ensure_up(WORKER_ENV)
         if min(r["run"]["items_per_s"] for r in runs) < GOAL_ITEMS_PER_S:
             # Is it per-shard or per-item cost? The same items in small shards.
-            c.log(f"under the goal: {small:,} items again with --shard-size {SMALL_SHARDS}")
+            recording.log(f"under the goal: {small:,} items again with --shard-size {SMALL_SHARDS}")
             sensitivity = measure(small, shard_args=["--shard-size", str(SMALL_SHARDS)], deadline_s=deadline)
             profile = profile_services(small, shard_args, deadline)
     finally:
-        c.ensure_up()  # the default worker again, for the next benchmark
+        benchstack.ensure_up()  # the default worker again, for the next benchmark
     big = runs[1]
     ips = big["run"]["items_per_s"]
     growth = {
@@ -173,12 +179,12 @@ def main() -> None:
     }
     worst = max(growth.values()) if growth else None
     cpu_note = ", ".join(f"{k} {v:.0f}" for k, v in big["cpu_us_per_item"].items())
-    measured = f"{c.fmt_num(ips)} items/s (from publish: {c.fmt_num(big['items_per_s_from_publish'])})"
+    measured = f"{pure.fmt_num(ips)} items/s (from publish: {pure.fmt_num(big['items_per_s_from_publish'])})"
     if big["unfinished"]:
         u = big["unfinished"]
-        measured = f"unfinished: {u['done']:,} of {large:,} results after {u['after_s']:.0f} s ({c.fmt_num(ips)} items/s)"
-    measured += f"; {c.fmt_num(runs[0]['run']['items_per_s'])} items/s at {small:,}"
-    c.write_result(
+        measured = f"unfinished: {u['done']:,} of {large:,} results after {u['after_s']:.0f} s ({pure.fmt_num(ips)} items/s)"
+    measured += f"; {pure.fmt_num(runs[0]['run']['items_per_s'])} items/s at {small:,}"
+    recording.write_result(
         NAME,
         {
             "params": {
@@ -195,7 +201,7 @@ def main() -> None:
             "profile": profile,
             "diagnosis": diagnose(runs, profile, sensitivity) + memory_note(runs, growth),
             "goals": [
-                c.goal_row(
+                pure.goal_row(
                     "3a",
                     f"pipeline ceiling, null engine, {large:,} items (items/s end to end)",
                     f"≥ {GOAL_ITEMS_PER_S:,}",
@@ -203,11 +209,11 @@ def main() -> None:
                     ips >= GOAL_ITEMS_PER_S and not big["unfinished"],
                     f"CPU µs/item at {large:,}: {cpu_note}",
                 ),
-                c.goal_row(
+                pure.goal_row(
                     "3b",
                     f"memory flat: peak RSS at {large:,} ÷ at {small:,} items, worst service",
                     f"≤ {MEMORY_FLAT}",
-                    f"{c.fmt_num(worst)}" + (" (large run unfinished)" if big["unfinished"] else ""),
+                    f"{pure.fmt_num(worst)}" + (" (large run unfinished)" if big["unfinished"] else ""),
                     worst is not None and worst <= MEMORY_FLAT,
                     ", ".join(
                         f"{k} {round((runs[0]['peak_rss_bytes'][k] or 0) / 2**20)}→{round((big['peak_rss_bytes'][k] or 0) / 2**20)} MiB"
@@ -223,12 +229,12 @@ def main() -> None:
 
 def profile_services(n: int, shard_args: list[str], deadline: float) -> dict[str, Any]:
     """A run of `n` items with every service under bench/sampler.py: top functions by CPU."""
-    c.log("under the throughput goal: profiling every service (sampled) on the smaller size")
-    pdir = c.RESULTS / f"{NAME}.profile"
+    recording.log("under the throughput goal: profiling every service (sampled) on the smaller size")
+    pdir = paths.RESULTS / f"{NAME}.profile"
     pdir.mkdir(parents=True, exist_ok=True)
     prof_run = measure(n, shard_args=shard_args, deadline_s=deadline, profile_dir=pdir)
     for name in SERVICES:  # stopping them writes their final samples
-        c.stack("stop", name)
+        benchstack.stack("stop", name)
     out: dict[str, Any] = {"run": prof_run, "services": {}, "files": str(pdir)}
     for name in SERVICES:
         path = pdir / f"{name}.json"

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, paths, pure, recording
 
 BENCHMARKS = [
     "engine_efficiency",
@@ -32,7 +32,7 @@ BENCHMARKS = [
     "label_audit",
 ]
 BUDGET_S = 30 * 60
-README = c.ROOT / "README.md"
+README = paths.ROOT / "README.md"
 
 
 def readme_body(summary: dict[str, Any]) -> str:
@@ -46,7 +46,7 @@ def readme_body(summary: dict[str, Any]) -> str:
         "The machine is shared: ratios are of two things measured side by side, median of repeats; "
         "raw numbers in `bench/results/*.json`.",
         "",
-        c.render_table(rows),
+        pure.render_table(rows),
     ]
     if failed:
         lines += ["", "Did not finish: " + ", ".join(failed)]
@@ -58,22 +58,24 @@ def readme_body(summary: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = c.arg_parser(__doc__)
+    ap = recording.arg_parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run these only")
     args = ap.parse_args()
     started = time.monotonic()
-    c.use_bench_stack()
-    c.log(f"bringing the bench stack up ({c.stack_dir()}, port offset {c.offset()})")
-    c.ensure_up()
+    benchstack.use_bench_stack()
+    recording.log(
+        f"bringing the bench stack up ({benchstack.stack_dir()}, port offset {benchstack.offset()})"
+    )
+    benchstack.ensure_up()
     names = args.only or BENCHMARKS
     results: dict[str, Any] = {}
     for name in names:
         t0 = time.monotonic()
-        c.log(f"=== {name}")
-        cmd = [sys.executable, str(c.BENCH / f"{name}.py"), *(["--quick"] if args.quick else [])]
-        proc = subprocess.run(cmd, cwd=c.ROOT, stdout=subprocess.DEVNULL)
+        recording.log(f"=== {name}")
+        cmd = [sys.executable, str(paths.BENCH / f"{name}.py"), *(["--quick"] if args.quick else [])]
+        proc = subprocess.run(cmd, cwd=paths.ROOT, stdout=subprocess.DEVNULL)
         wall = time.monotonic() - t0
-        path = c.RESULTS / (f"{name}.quick.json" if args.quick else f"{name}.json")
+        path = paths.RESULTS / (f"{name}.quick.json" if args.quick else f"{name}.json")
         entry: dict[str, Any] = {"rc": proc.returncode, "wall_s": round(wall, 1)}
         if proc.returncode == 0 and path.exists():
             doc = json.loads(path.read_text())
@@ -82,7 +84,9 @@ def main() -> None:
         else:
             entry["error"] = f"exit code {proc.returncode}"
         results[name] = entry
-        c.log(f"=== {name}: {wall:.0f} s, rc {proc.returncode}; {time.monotonic() - started:.0f} s so far")
+        recording.log(
+            f"=== {name}: {wall:.0f} s, rc {proc.returncode}; {time.monotonic() - started:.0f} s so far"
+        )
     total = time.monotonic() - started
     summary = {
         "finished_at": time.strftime("%Y-%m-%d %H:%M"),
@@ -90,10 +94,10 @@ def main() -> None:
         "total_s": round(total, 1),
         "budget_s": BUDGET_S,
         "within_budget": total <= BUDGET_S,
-        "machine": c.machine(),
+        "machine": recording.machine(),
         "benchmarks": results,
     }
-    out = c.RESULTS / ("summary.quick.json" if args.quick else "summary.json")
+    out = paths.RESULTS / ("summary.quick.json" if args.quick else "summary.json")
     if args.only and out.exists():
         # One benchmark re-run: its entry replaces the last full run's, the rest stays
         # (the README table is rewritten by full runs only).
@@ -108,14 +112,18 @@ def main() -> None:
         }
     out.write_text(json.dumps(summary, indent=2) + "\n")
     rows = [g for b in results.values() for g in b.get("goals", [])]  # this invocation's
-    print(c.render_table(rows))
+    print(pure.render_table(rows))
     print(json.dumps({k: v for k, v in summary.items() if k != "benchmarks"}, indent=2))
     if not args.quick and not args.only:
         text = README.read_text()
-        README.write_text(c.replace_between(text, c.README_START, c.README_END, readme_body(summary)))
-        c.log("README.md benchmark table updated")
+        README.write_text(
+            pure.replace_between(text, paths.README_START, paths.README_END, readme_body(summary))
+        )
+        recording.log("README.md benchmark table updated")
     if total > BUDGET_S:
-        c.log(f"warning: the benchmarks took {total / 60:.1f} min, over the {BUDGET_S / 60:.0f} min budget")
+        recording.log(
+            f"warning: the benchmarks took {total / 60:.1f} min, over the {BUDGET_S / 60:.0f} min budget"
+        )
     if any(r.get("error") for r in results.values()):
         raise SystemExit(1)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import common as c
+from bench import benchstack, data, inprocess, paths, pipeline_runs, procstat, profiled, pure, recording
 
 NAME = "worker_start"
 GOAL_S = 5.0
@@ -52,12 +52,12 @@ def first_shard_s(pid: int, timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            m = c.metrics("worker-0")
-            if c.metric_sum(m, "evalstream_stage_latency_seconds_count", stage="queue_wait") >= 1:
+            m = benchstack.metrics("worker-0")
+            if pure.metric_sum(m, "evalstream_stage_latency_seconds_count", stage="queue_wait") >= 1:
                 return time.time()
         except OSError:
             pass  # not listening yet (uvicorn binds after the lifespan has loaded the model)
-        if c.pid_of("worker-0") != pid:
+        if procstat.pid_of("worker-0") != pid:
             raise RuntimeError("the worker exited during start; see its log")
         time.sleep(0.05)
     raise TimeoutError(f"the worker took no shard within {timeout:.0f}s")
@@ -91,22 +91,24 @@ def log_events(log: Path, since_bytes: int) -> dict[str, float]:
 
 
 def one_start(cache_dir: Path, label: str, index: int) -> dict[str, Any]:
-    c.stack("stop", "worker-0")
-    rows = c.arithmetic_rows(1, seed=5000 + index, prefix=f"ws{index}-")
-    path = c.write_jsonl(c.data_dir() / f"worker-start-{index}.jsonl", rows)
-    c.clear_answer_cache()
-    run_id = c.submit(path, "--max-tokens", "8", "--grader", "exact", "--name", f"bench-worker-start-{label}")
+    benchstack.stack("stop", "worker-0")
+    rows = data.arithmetic_rows(1, seed=5000 + index, prefix=f"ws{index}-")
+    path = data.write_jsonl(data.data_dir() / f"worker-start-{index}.jsonl", rows)
+    inprocess.clear_answer_cache()
+    run_id = pipeline_runs.submit(
+        path, "--max-tokens", "8", "--grader", "exact", "--name", f"bench-worker-start-{label}"
+    )
     asyncio.run(_published(run_id, 60))
     time.sleep(0.5)  # the router has the shard and holds it: no live worker
-    log = c.stack_dir() / "logs" / "worker-0.log"
+    log = benchstack.stack_dir() / "logs" / "worker-0.log"
     offset = log.stat().st_size if log.exists() else 0
     env = {"MODEL_CACHE_DIR": str(cache_dir)}
-    pid = c.spawn("worker-0", [str(c.ROOT / ".venv" / "bin" / "evalstream-worker")], env)
-    c.set_worker_env(env)
-    t_proc = c.process_start_epoch(pid)
+    pid = profiled.spawn("worker-0", [str(paths.ROOT / ".venv" / "bin" / "evalstream-worker")], env)
+    benchstack.set_worker_env(env)
+    t_proc = profiled.process_start_epoch(pid)
     t_first = first_shard_s(pid, timeout=600)
     events = log_events(log, offset)
-    asyncio.run(c.wait_results(run_id, 1, 300, 0.1))
+    asyncio.run(pipeline_runs.wait_results(run_id, 1, 300, 0.1))
     res = {
         "case": label,
         "first_shard_s": round(t_first - t_proc, 3),
@@ -126,7 +128,7 @@ def one_start(cache_dir: Path, label: str, index: int) -> dict[str, Any]:
         },
         "model_cache_dir": str(cache_dir),
     }
-    c.log(
+    recording.log(
         f"{label}: first shard after {res['first_shard_s']:.2f} s (engine loaded at {res['engine_loaded_s']} s)"
     )
     return res
@@ -141,8 +143,8 @@ def explain(warm: list[dict[str, Any]]) -> str:
         "engine_to_first_shard",
     ):
         values = [w["breakdown_s"][key] for w in warm if w["breakdown_s"].get(key) is not None]
-        parts[key] = c.summarize(values)["median"]
-    total = c.summarize([w["first_shard_s"] for w in warm])["median"]
+        parts[key] = pure.summarize(values)["median"]
+    total = pure.summarize([w["first_shard_s"] for w in warm])["median"]
     shown = ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in parts.items() if v is not None)
     return (
         f"warm start {total:.1f} s (median): {shown}. Importing torch and transformers and reading the "
@@ -154,47 +156,47 @@ def explain(warm: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    args = recording.arg_parser(__doc__).parse_args()
     started = time.monotonic()
-    c.use_bench_stack()
-    c.ensure_up()
+    benchstack.use_bench_stack()
+    benchstack.ensure_up()
     warm_repeats = 1 if args.quick else 3
-    cache_dir = c.stack_dir() / "bench-model-cache"
+    cache_dir = benchstack.stack_dir() / "bench-model-cache"
     shutil.rmtree(cache_dir, ignore_errors=True)
     # a cold start may take longer than the router's default wait for a live group
-    c.restart(["router"], env={"ROUTER_NO_GROUP_TIMEOUT_S": "900"})
+    benchstack.restart(["router"], env={"ROUTER_NO_GROUP_TIMEOUT_S": "900"})
     try:
         cold = one_start(cache_dir, "cold", 0)
-        budget = c.Budget(150, 2)
+        budget = profiled.Budget(150, 2)
         warm = [one_start(cache_dir, "warm", 1 + i) for i in budget.range(warm_repeats)]
     finally:
-        c.stack("stop", "worker-0")
-        c.set_worker_env({})  # the router's restart brings the default worker back
-        c.restart(["router"])
+        benchstack.stack("stop", "worker-0")
+        benchstack.set_worker_env({})  # the router's restart brings the default worker back
+        benchstack.restart(["router"])
         shutil.rmtree(cache_dir, ignore_errors=True)
-    warm_s = c.summarize([w["first_shard_s"] for w in warm])
+    warm_s = pure.summarize([w["first_shard_s"] for w in warm])
     med = warm_s["median"]
     ratio = cold["first_shard_s"] / med if med else None
-    c.write_result(
+    recording.write_result(
         NAME,
         {
             "time_allowance": budget.as_dict(),
-            "params": {"model": c.DEFAULT_MODEL, "warm_repeats": warm_repeats},
+            "params": {"model": paths.DEFAULT_MODEL, "warm_repeats": warm_repeats},
             "cold": cold,
             "warm": warm,
             "warm_first_shard_s": warm_s,
             "cold_over_warm": round(ratio, 3) if ratio else None,
             "diagnosis": [] if med is not None and med <= GOAL_S else [explain(warm)],
             "goals": [
-                c.goal_row(
+                pure.goal_row(
                     "5",
                     "worker start to first shard, cached safetensors (warm)",
                     f"≤ {GOAL_S:.0f} s",
-                    f"{c.fmt_num(med)} s (median of {warm_s['n']}); cold GGUF {c.fmt_num(cold['first_shard_s'])} s "
-                    f"= {c.fmt_num(ratio)}× warm",
+                    f"{pure.fmt_num(med)} s (median of {warm_s['n']}); cold GGUF {pure.fmt_num(cold['first_shard_s'])} s "
+                    f"= {pure.fmt_num(ratio)}× warm",
                     med is not None and med <= GOAL_S,
-                    f"model load {c.fmt_num(c.summarize([w['engine_load_s'] or 0 for w in warm])['median'])} s of it warm, "
-                    f"{c.fmt_num(cold['engine_load_s'])} s cold",
+                    f"model load {pure.fmt_num(pure.summarize([w['engine_load_s'] or 0 for w in warm])['median'])} s of it warm, "
+                    f"{pure.fmt_num(cold['engine_load_s'])} s cold",
                 )
             ],
         },

@@ -1,0 +1,147 @@
+"""The bench stack: ports shifted by EVALSTREAM_PORT_OFFSET (default 4000), folder
+.stack-bench/, driven through ops/local/stack.py; never the development or fault stacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from bench.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
+from bench.pure import MetricKey, parse_prometheus
+from evalstream.common.settings import SERVICE_PORTS
+
+
+def use_bench_stack() -> dict[str, str]:
+    """Points this process (and the children it starts) at the bench stack and returns the
+    client environment. Refuses the development and fault stacks."""
+    if "EVALSTREAM_PORT_OFFSET" not in os.environ:
+        # `make` exports EVALSTREAM_STACK=.stack for the dev stack: never inherit it here
+        os.environ["EVALSTREAM_PORT_OFFSET"] = str(BENCH_OFFSET)
+        os.environ["EVALSTREAM_STACK"] = str(ROOT / ".stack-bench")
+    offset = int(os.environ["EVALSTREAM_PORT_OFFSET"])
+    stack = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack-bench")).resolve()
+    if offset in FORBIDDEN_OFFSETS or stack in {
+        (ROOT / ".stack").resolve(),
+        (ROOT / ".stack-faults").resolve(),
+    }:
+        raise SystemExit(
+            f"bench: refusing to run on the stack at offset {offset} ({stack}); benchmarks use their own "
+            "(EVALSTREAM_PORT_OFFSET=4000 EVALSTREAM_STACK=.stack-bench)"
+        )
+    os.environ["EVALSTREAM_STACK"] = str(stack)
+    env = client_env()
+    os.environ.update(env)
+    return env
+
+
+def offset() -> int:
+    return int(os.environ.get("EVALSTREAM_PORT_OFFSET", BENCH_OFFSET))
+
+
+def stack_dir() -> Path:
+    return Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack-bench"))
+
+
+def client_env() -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, str(STACK_PY), "env"], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    env = {}
+    for line in out.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        if key:
+            env[key.strip()] = value.strip()
+    return env
+
+
+def stack(*args: str, env: Mapping[str, str] | None = None, quiet: bool = True) -> None:
+    """ops/local/stack.py ARGS on the bench stack; `env` reaches the services it starts."""
+    proc = subprocess.run(
+        [str(PY), str(STACK_PY), *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=quiet,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"stack.py {' '.join(args)} failed:\n{(proc.stdout or '')[-3000:]}{(proc.stderr or '')[-3000:]}"
+        )
+
+
+def ensure_up(worker_env: Mapping[str, str] | None = None, workers: int = 1) -> None:
+    """Brings the bench stack up. With `worker_env`, (re)starts the worker with it; without,
+    a worker left with other settings by an earlier benchmark is restarted with the
+    defaults."""
+    want = dict(worker_env or {})
+    if worker_env_now() != want:
+        for i in range(workers):
+            stack("stop", f"worker-{i}")
+    stack("up", "--workers", str(workers), env=want)
+    set_worker_env(want)
+
+
+def _worker_marker() -> Path:
+    return stack_dir() / "run" / "bench-worker-env.json"
+
+
+def worker_env_now() -> dict[str, str]:
+    """The settings a benchmark last started the worker with ({}: the defaults)."""
+    marker = _worker_marker()
+    return dict(json.loads(marker.read_text())) if marker.exists() else {}
+
+
+def set_worker_env(env: Mapping[str, str]) -> None:
+    _worker_marker().parent.mkdir(parents=True, exist_ok=True)
+    _worker_marker().write_text(json.dumps(dict(env)))
+
+
+def reset_stack() -> None:
+    """Deletes the bench stack's data (Kafka topics, database, objects) and brings it up
+    afresh with the default worker: the way out of a run that cannot finish."""
+    stack("clean")
+    stack("up")
+    set_worker_env({})
+
+
+def restart(names: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    """Stops the named services and brings the stack up again (resets their peak RSS).
+    `env` applies to what is restarted; the worker keeps the settings ensure_up gave it."""
+    for name in names:
+        stack("stop", name)
+    stack("up", env={**worker_env_now(), **(env or {})})
+
+
+def service_port(name: str) -> int:
+    base = name.split("-")[0]
+    index = int(name.split("-")[1]) if name.startswith("worker-") else 0
+    return SERVICE_PORTS[base] + index + offset()
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return str(r.read().decode())
+
+
+def metrics(name: str) -> dict[MetricKey, float]:
+    """The Prometheus samples a service exposes right now."""
+    return parse_prometheus(http_get(f"http://127.0.0.1:{service_port(name)}/metrics"))
+
+
+def wait_http(url: str, timeout: float) -> float:
+    """Seconds until `url` answers 2xx."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            http_get(url, timeout=1.0)
+            return time.monotonic() - t0
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
