@@ -70,27 +70,37 @@ class FaultPlan:
         return None
 
 
-class ChaosEngine:
-    """Wraps any engine; the requests it lets through reach the wrapped engine in one call,
-    so batching behaviour is unchanged. Answers (and so the cache key) are the wrapped
-    engine's: name and revision are passed through."""
+class _Wrapper:
+    """An engine around another: answers (and so the cache key) are the wrapped engine's,
+    name and revision are passed through; only `generate` differs."""
 
-    def __init__(self, inner: Engine, faults: str | FaultPlan) -> None:
+    def __init__(self, inner: Engine) -> None:
         self.inner = inner
-        self.plan = faults if isinstance(faults, FaultPlan) else FaultPlan.parse(faults)
         self.name = inner.name
         self.revision = inner.revision
         self.cacheable = inner.cacheable
         self.device = inner.device
-
-    def planned_failure(self, item_id: str, attempt: int) -> FailureKind | None:
-        return self.plan.planned_failure(item_id, attempt)
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:
         return self.inner.render_prompt(messages)
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ChaosEngine(_Wrapper):
+    """Makes the planned requests fail; the ones it lets through reach the wrapped engine in
+    one call, so batching behaviour is unchanged."""
+
+    def __init__(self, inner: Engine, faults: str | FaultPlan) -> None:
+        super().__init__(inner)
+        self.plan = faults if isinstance(faults, FaultPlan) else FaultPlan.parse(faults)
+
+    def planned_failure(self, item_id: str, attempt: int) -> FailureKind | None:
+        return self.plan.planned_failure(item_id, attempt)
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
         out: list[GenOutput | EngineError | None] = []
@@ -109,37 +119,20 @@ class ChaosEngine:
         results = iter(self.inner.generate(passed) if passed else [])
         return [o if o is not None else next(results) for o in out]
 
-    def close(self) -> None:
-        self.inner.close()
 
-
-class SlowEngine:
-    """An artificial per-item delay around any engine: a batch of n requests takes n × delay
-    longer, as on a device with a fixed item throughput. Answers (and so the cache key) are
-    the wrapped engine's."""
+class SlowEngine(_Wrapper):
+    """An artificial per-item delay: a batch of n requests takes n × delay longer, as on a
+    device with a fixed item throughput."""
 
     def __init__(self, inner: Engine, delay_ms: float) -> None:
         if delay_ms < 0:
             raise ValueError(f"ENGINE_DELAY_MS must be >= 0, got {delay_ms}")
-        self.inner = inner
+        super().__init__(inner)
         self.delay_s = delay_ms / 1000
-        self.name = inner.name
-        self.revision = inner.revision
-        self.cacheable = inner.cacheable
-        self.device = inner.device
-
-    def render_prompt(self, messages: list[ChatMessage]) -> str:
-        return self.inner.render_prompt(messages)
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
         time.sleep(self.delay_s * len(requests))  # runs in the worker's engine thread
         return self.inner.generate(requests)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @dataclass(frozen=True)
