@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
 import msgspec
@@ -42,11 +43,21 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 MESSAGE_BUDGET_BYTES = 900_000
 
 
-_service: dict[str, str] = {}
+@dataclass
+class _Process:
+    """This process's service: its name (the first broker made names it), the uvicorn server
+    that runs it, and the exit status a fatal error asked for."""
+
+    name: str | None = None
+    server: uvicorn.Server | None = None
+    exit_status: int | None = None
+
+
+_process = _Process()
 
 
 def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: float = 30.0) -> KafkaBroker:
-    _service.setdefault("name", service)
+    _process.name = _process.name or service
     return KafkaBroker(
         settings.kafka_bootstrap,
         client_id=f"evalstream-{service}",
@@ -148,11 +159,8 @@ class _App(AsgiFastStream):
         await super().__call__(scope, receive, send)
 
 
-_server: dict[str, Any] = {}  # the running uvicorn server, and the exit status asked for
-
-
 def run(app: AsgiFastStream, settings: ServiceSettings) -> None:
-    logs.configure(settings.log_level, _service.get("name"))
+    logs.configure(settings.log_level, _process.name)
     config = uvicorn.Config(
         app,
         host=settings.http_host,
@@ -163,18 +171,18 @@ def run(app: AsgiFastStream, settings: ServiceSettings) -> None:
         log_config=None,  # uvicorn's lines go through the root logger: JSON like the rest
         lifespan="on",
     )
-    server = _server["server"] = uvicorn.Server(config)
+    server = _process.server = uvicorn.Server(config)
     server.run()
-    if "exit_status" in _server:
-        raise SystemExit(_server["exit_status"])
+    if _process.exit_status is not None:
+        raise SystemExit(_process.exit_status)
 
 
 def shut_down_with_error(message: str, exit_status: int = 3) -> None:
     """A fatal error after startup (a model that cannot load): the same graceful shutdown
     as on SIGTERM, then the process exits with `exit_status`."""
     logging.getLogger("evalstream").critical("%s; shutting down", message)
-    _server["exit_status"] = exit_status
-    server = _server.get("server")
+    _process.exit_status = exit_status
+    server = _process.server
     if server is not None:
         server.should_exit = True
 
