@@ -265,6 +265,9 @@ class Started(Generic[S]):
     def set(self, value: S) -> None:
         self._value = value
 
+    def is_set(self) -> bool:
+        return self._value is not None
+
     def get(self) -> S:
         if self._value is None:
             raise RuntimeError("used before the app's lifespan started it")

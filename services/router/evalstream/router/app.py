@@ -130,7 +130,7 @@ async def start_background() -> None:
 
 async def stop_background() -> None:
     dispatcher.stopping = True  # waiting handlers give their shards back
-    with contextlib.suppress(RuntimeError):  # stopped before it started
+    if background.is_set():  # else stopped before it started
         running = background.get()
         running.monitor.cancel()
         with contextlib.suppress(asyncio.CancelledError):
