@@ -10,6 +10,11 @@ from evalstream.common.settings import S3Settings
 from localstack.config import S3_PORT, STACK, WEED_PORTS
 from localstack.installs import weed_binary
 
+# Each gRPC port is its HTTP port + GRPC_SHIFT. SeaweedFS's own convention (+10000) puts a
+# stack's gRPC ports on the HTTP ports of the stack 10000 ports above it (offsets 12000 and
+# 22000 side by side): +100 stays inside the stack's own block of ports.
+GRPC_SHIFT = 100
+
 
 def weed_prepare() -> None:
     s3 = S3Settings.from_env()
@@ -43,14 +48,14 @@ def weed_argv() -> list[str]:
         f"-master.port={WEED_PORTS['master']}",
         f"-volume.port={WEED_PORTS['volume']}",
         f"-filer.port={WEED_PORTS['filer']}",
-        f"-master.port.grpc={WEED_PORTS['master'] + 10000}",
-        f"-volume.port.grpc={WEED_PORTS['volume'] + 10000}",
-        f"-filer.port.grpc={WEED_PORTS['filer'] + 10000}",
+        f"-master.port.grpc={WEED_PORTS['master'] + GRPC_SHIFT}",
+        f"-volume.port.grpc={WEED_PORTS['volume'] + GRPC_SHIFT}",
+        f"-filer.port.grpc={WEED_PORTS['filer'] + GRPC_SHIFT}",
         "-master.volumeSizeLimitMB=256",
         "-volume.max=64",
         "-s3",
         f"-s3.port={S3_PORT}",
-        f"-s3.port.grpc={S3_PORT + 10000}",
+        f"-s3.port.grpc={S3_PORT + GRPC_SHIFT}",
         f"-s3.config={d / 's3.json'}",
     ]
 
