@@ -44,7 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import arg_parser, goal_row, log, replace_between, write_result
+from bench.pure import goal_row, replace_between
+from bench.recording import arg_parser, log, write_result
 from evalstream.cli.audit import MAJORITY, RELIABILITY, THRESHOLD, audit
 from evalstream.common.messages import Item
 from evalstream.worker.grading import get_grader

@@ -1,5 +1,5 @@
 """Pure helpers of the benchmarks (parsing /proc and Prometheus text, statistics, the README
-table), unit-tested in tests/unit/test_bench_common.py."""
+table), unit-tested in tests/unit/test_bench_helpers.py."""
 
 from __future__ import annotations
 
