@@ -123,10 +123,23 @@ def install_apt() -> None:
 
 
 def kafka_libs() -> Path:
-    libs = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
+    return maven_jars("broker", ROOT / "ops/local/kafka/pom.xml", CACHE / f"kafka-{KAFKA_VERSION}" / "libs")
+
+
+def kafka_tools_libs() -> Path:
+    """Kafka's command-line tools (ConsoleProducer, ...), fetched on first use only."""
+    return maven_jars(
+        "command-line tools",
+        ROOT / "ops/local/kafka/tools-pom.xml",
+        CACHE / f"kafka-tools-{KAFKA_VERSION}" / "libs",
+    )
+
+
+def maven_jars(what: str, pom: Path, libs: Path) -> Path:
+    """Every runtime jar of `pom`'s dependencies, copied from Maven Central into `libs` once."""
     if (libs / ".complete").exists():
         return libs
-    log(f"fetching Apache Kafka {KAFKA_VERSION} broker jars from Maven Central")
+    log(f"fetching Apache Kafka {KAFKA_VERSION} {what} jars from Maven Central")
     tmp = libs.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     run(
@@ -135,11 +148,12 @@ def kafka_libs() -> Path:
             "-q",
             "-B",
             "-f",
-            str(ROOT / "ops/local/kafka/pom.xml"),
+            str(pom),
             f"-Dkafka.version={KAFKA_VERSION}",
             "dependency:copy-dependencies",
             f"-DoutputDirectory={tmp}",
-        ]
+        ],
+        stdout=sys.stderr,  # Maven's noise, never mixed into a printed classpath
     )
     shutil.rmtree(libs, ignore_errors=True)
     tmp.rename(libs)
@@ -661,6 +675,9 @@ def main() -> None:
     p_up.add_argument("--infra-only", action="store_true", help="Kafka, PostgreSQL, S3 and Prometheus only")
     sub.add_parser("ps", help="list the stack's processes")
     sub.add_parser("env", help="print `export` lines that point clients (evalctl, tests) at this stack")
+    sub.add_parser(
+        "kafka-tools-classpath", help="the classpath of Kafka's command-line tools (fetched on first use)"
+    )
     sub.add_parser("down", help="stop everything (data is kept)")
     sub.add_parser("clean", help="stop everything and delete the stack folder (data, logs)")
     p_stop = sub.add_parser("stop", help="stop one process by name")
@@ -672,6 +689,10 @@ def main() -> None:
         ps()
     elif args.cmd == "env":
         print("\n".join(f"export {k}={v}" for k, v in client_env().items()))
+    elif args.cmd == "kafka-tools-classpath":
+        with contextlib.redirect_stdout(sys.stderr):
+            libs = kafka_tools_libs()
+        print(f"{libs}/*")
     elif args.cmd == "down":
         down()
     elif args.cmd == "clean":

@@ -11,7 +11,7 @@ from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
 from evalstream.common import db, keys, service, storage, topics
-from evalstream.common.messages import JobSpec, decode
+from evalstream.common.contract import JobRejected, decode_job
 from evalstream.common.metrics import RUNS
 from evalstream.common.settings import Settings
 from evalstream.producer.intake import Intake
@@ -34,7 +34,13 @@ async def on_job(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
     raw: bytes = record.value or b""
     try:
-        job = decode(raw, JobSpec)
+        job = decode_job(raw)
+    except JobRejected as exc:
+        # A JSON object that is not a valid job (a misspelt field, a wrong type): a run
+        # recorded as rejected, with the fields named, and nothing published.
+        run_id = exc.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)
+        RUNS.labels(outcome=await state["intake"].reject_undecodable(run_id, exc)).inc()
+        return
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         # Garbage on eval.jobs never stops the producer: it becomes a dead letter.
         log.warning("undecodable job at %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc)

@@ -22,6 +22,7 @@ import msgspec
 from minio import Minio
 
 from evalstream.common import keys, storage
+from evalstream.common.contract import JobRejected
 from evalstream.common.messages import Item, JobSpec, Shard, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import Settings
@@ -220,6 +221,36 @@ class Intake:
         )
         log.info("run %s: %d items in %d shards published", run_id, len(loaded.items), len(shards))
         return "running"
+
+    async def reject_undecodable(self, run_id: str, rejected: JobRejected) -> str:
+        """Records a job that broke the job contract as a rejected run (the run's problems
+        name the fields); a run of that id that already exists is left as it is."""
+        problems = Rejection([Problem(line=None, field=f, message=m) for f, m in rejected.problems])
+
+        def text(key: str) -> str:
+            value = rejected.job.get(key)
+            return value if isinstance(value, str) else ""
+
+        spec = msgspec.json.encode(rejected.job).decode()
+        if "\\u0000" in spec:  # PostgreSQL's jsonb refuses NUL: keep the job as text
+            spec = json.dumps({"rejected_job": spec.replace("\\u0000", "")})
+        status = await self.pool.fetchval(
+            "INSERT INTO runs (run_id, name, status, model, grader, spec, dataset_uri, problems)"
+            " VALUES ($1, $2, 'rejected', $3, $4, $5, $6, $7) ON CONFLICT (run_id) DO NOTHING"
+            " RETURNING status",
+            run_id,
+            text("name")[:200] or None,
+            text("model")[:500],
+            text("grader")[:500],
+            spec,
+            text("dataset")[:2000] or None,
+            problems.as_json(),
+        )
+        if status is None:
+            log.warning("job for existing run %s broke the job contract; run left as it is", run_id)
+            return "duplicate"
+        log.info("run %s rejected: %s", run_id, rejected)
+        return "rejected"
 
     async def _validate(self, job: JobSpec) -> LoadedDataset | Rejection:
         problems = job_problems(job)
