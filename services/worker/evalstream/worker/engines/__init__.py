@@ -98,9 +98,11 @@ def parse_spec(spec: str) -> ParsedSpec:
     if scheme == "replay" and not target.endswith(".jsonl"):
         raise EngineConfigError(f"model spec {spec!r}: replay needs a .jsonl file")
     if scheme == "openai":
-        model, at, base_url = target.rpartition("@")
-        if not at or not model or not base_url.startswith(("http://", "https://")):
-            raise EngineConfigError(f"model spec {spec!r}: expected openai:<model>@<http(s) base_url>")
+        model, at, _ = target.rpartition("@")
+        if not at or not model:
+            raise EngineConfigError(
+                f"model spec {spec!r}: expected openai:<model>@<http(s) base_url or provider preset>"
+            )
         from evalstream.worker.engines.openai import OpenAIConfigError, parse_target
 
         try:
