@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -128,3 +129,32 @@ async def wait_until(predicate, timeout: float, interval: float = 0.25, what: st
             return value
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def duckdb_delta(s3: Any = None) -> Any:
+    """A DuckDB connection that reads Delta tables: the delta (and httpfs) extensions come
+    from their PyPI packages (duckdb-ext-*), not from DuckDB's download site. With `s3`
+    (Settings), an S3 secret for the stack's store, as the README's query creates it."""
+    import duckdb
+    import duckdb_ext  # namespace package of the duckdb-ext-* wheels: the extension files
+
+    con = duckdb.connect(
+        config={
+            "extension_directory": f"{next(iter(duckdb_ext.__path__))}/extensions",
+            "autoinstall_known_extensions": False,
+        }
+    )
+    con.execute("LOAD delta")
+    if s3 is not None:
+        con.execute("LOAD httpfs")
+        con.execute(duckdb_s3_secret(s3))
+    return con
+
+
+def duckdb_s3_secret(s3: Any) -> str:
+    """The README's CREATE SECRET for the stack's S3 store."""
+    endpoint = s3.s3_endpoint.split("://", 1)[1]
+    return (
+        f"CREATE OR REPLACE SECRET evalstream (TYPE s3, KEY_ID '{s3.s3_access_key}', SECRET '{s3.s3_secret_key}',"
+        f" REGION '{s3.s3_region}', ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL {str(s3.s3_endpoint.startswith('https')).lower()})"
+    )

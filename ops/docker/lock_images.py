@@ -59,8 +59,9 @@ SERVICE_ROOTS: dict[str, list[str]] = {
         "safetensors",
         "nvidia-ml-py",
     ],
-    # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), summaries (numpy).
-    "aggregator": [*_BASE, "asyncpg", "minio", "pyarrow", "numpy"],
+    # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), the Delta table (deltalake),
+    # summaries (numpy).
+    "aggregator": [*_BASE, "asyncpg", "minio", "pyarrow", "deltalake", "numpy"],
 }
 
 # The image's interpreter, for evaluating environment markers.

@@ -22,7 +22,7 @@ from faststream import AckPolicy
 from faststream.asgi import AsgiResponse
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.aggregator import objects
+from evalstream.aggregator import delta, objects
 from evalstream.aggregator.store import DeadLetterRecord, ResultStore
 from evalstream.common import db, report_html, service, storage, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
@@ -229,6 +229,8 @@ async def mirror(s3: Any, shards: set[tuple[str, str]]) -> None:
             for (run_id, shard_id), rows in sorted(by_shard.items())
         )
     )
+    await state["delta"].write(by_shard)
+    crash_point("aggregator_exit_after_delta")
 
 
 async def maybe_complete(run_id: str) -> None:
@@ -254,6 +256,8 @@ async def maybe_complete(run_id: str) -> None:
     await save_report_html(run_id, summary)
     RUN_ACCURACY.labels(run_id=run_id).set(summary["accuracy"] or 0.0)
     if first:  # one handler completes a run, even when results and dead letters race
+        async with state["mirror_lock"]:  # the table has one writer at a time
+            await state["delta"].compact(run_id)
         asyncio.get_running_loop().call_later(RUN_SERIES_TTL_S, forget_run, run_id)
         RUNS.labels(outcome="completed").inc()
         log.info("run %s completed: %d items, accuracy %s", run_id, total, summary["accuracy"])
@@ -298,6 +302,9 @@ def store() -> ResultStore:
 async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
     state.update(mirror_lock=asyncio.Lock(), pool=pool, store=ResultStore(pool), s3=storage.client(settings))
+    state["delta"] = delta.DeltaMirror(
+        delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), pool
+    )
     try:
         yield
     finally:
