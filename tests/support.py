@@ -158,3 +158,31 @@ def duckdb_s3_secret(s3: Any) -> str:
         f"CREATE OR REPLACE SECRET evalstream (TYPE s3, KEY_ID '{s3.s3_access_key}', SECRET '{s3.s3_secret_key}',"
         f" REGION '{s3.s3_region}', ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL {str(s3.s3_endpoint.startswith('https')).lower()})"
     )
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The protobuf Records of a W&B offline run file (`run-<id>.wandb`): a LevelDB-style log
+    (7-byte file header, 32 KiB blocks, 7-byte record headers: crc, length, type) that
+    wandb no longer ships a Python reader for."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    block, pos, pending, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        if length == 0 and kind == 0:
+            break
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out

@@ -61,6 +61,8 @@ def out_json(value: Any) -> None:
 
 
 async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
+    if args.export and not args.wait:
+        fail("--export exports the run when it completes: it needs --wait")
     from evalstream.producer.datasets import DatasetError, load_dataset
     from evalstream.producer.intake import job_problems
 
@@ -122,6 +124,10 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
             print(run_id)
         return
     summary = await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
+    if args.export:  # opt-in: the completed run goes to the trackers named, with their defaults
+        from evalstream.cli import export
+
+        await export.export_on_completion(settings, run_id, args.export)
     if args.json:
         out_json(summary)
     else:
@@ -589,6 +595,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="a name for the run (default: the file name)")
     s.add_argument("--wait", action="store_true", help="show progress until the run ends, then the report")
     s.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
+    s.add_argument(
+        "--export",
+        action="append",
+        choices=("wandb", "mlflow"),
+        help="with --wait: when the run completes, export it (`evalctl export --help`); repeatable",
+    )
     s.add_argument(
         "--json", action="store_true", help="last stdout line: the run summary (or submission) as JSON"
     )
