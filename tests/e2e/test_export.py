@@ -15,9 +15,16 @@ from tests.support import wandb_records
 pytestmark = pytest.mark.stack
 
 ITEMS = [
-    {"id": f"e{i}", "question": f"Repeat: {i}", "answer": "" if i % 3 else "x", "category": ["a", "b"][i % 2]}
+    {
+        "id": f"e{i:02d}",
+        "question": f"What is {i} + 1?",
+        "answer": str(i + 1),
+        "category": ["add", "sum"][i % 2],
+    }
     for i in range(12)
 ]
+# answers produced elsewhere: two in three right, so that accuracy and categories differ
+ANSWERS = [{"id": it["id"], "response": it["answer"] if i % 3 else "0"} for i, it in enumerate(ITEMS)]
 
 
 def test_tracker_exports_equal_the_report(
@@ -26,12 +33,13 @@ def test_tracker_exports_equal_the_report(
     dataset = write_jsonl(tmp_path / "export.jsonl", ITEMS)
     mlruns = tmp_path / "mlruns"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{mlruns}")  # evalctl's default store
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's reader too
     # opt-in export on completion, through submit
     proc = evalctl(
         "submit",
         str(dataset),
         "--model",
-        "null",
+        f"replay:{write_jsonl(tmp_path / 'answers.jsonl', ANSWERS)}",
         "--wait",
         "--json",
         "--timeout",
@@ -42,7 +50,8 @@ def test_tracker_exports_equal_the_report(
     )
     run_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
     report = json.loads(evalctl("report", run_id, "--json").stdout.strip().splitlines()[-1])
-    assert report["total"] == 12 and report["by_category"]
+    assert report["total"] == 12 and report["accuracy"] == pytest.approx(8 / 12)
+    assert set(report["by_category"]) == {"add", "sum"}
 
     # W&B, offline, by hand
     wandb_dir = tmp_path / "wandb-files"

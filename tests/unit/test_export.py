@@ -83,8 +83,12 @@ def test_wandb_offline_run_carries_the_numbers_config_and_table(tmp_path: Path) 
     assert done["metrics"]["total"] == 3
 
 
-def test_mlflow_file_store_run_carries_the_numbers_params_and_artifacts(tmp_path: Path) -> None:
+def test_mlflow_file_store_run_carries_the_numbers_params_and_artifacts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # set by to_mlflow too; not relied upon
 
     uri = f"file:{tmp_path / 'mlruns'}"
     done = to_mlflow(RUN, tracking_uri=uri, experiment="evalstream-test")
