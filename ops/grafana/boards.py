@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap as heatmap_panel
 from grafana_foundation_sdk.builders import stat as stat_panel
 from grafana_foundation_sdk.builders import timeseries as ts_panel
 from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOptions
@@ -28,6 +29,7 @@ from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, StackingMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableOption, VariableRefresh
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 # ops/grafana/provisioning/datasources/prometheus.yml gives the datasource this uid.
@@ -88,6 +90,21 @@ def stat(
         .span(width)
         .height(4)
         .with_target(query(expr))
+    )
+
+
+def heatmap(title: str, expr: str, *, description: str = "", width: int = 12) -> heatmap_panel.Panel:
+    """Buckets of a Prometheus histogram over time (one cell per bucket and step): where the
+    latency mass sits and how it moves, which two percentiles cannot show."""
+    return (
+        heatmap_panel.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(width)
+        .height(8)
+        .calculate(False)  # the buckets are Prometheus's own
+        .with_target(query(expr, "{{le}}").format(PromQueryFormat.HEATMAP))
     )
 
 
@@ -511,6 +528,53 @@ def runs() -> db.Dashboard:
                 ),
                 unit="s",
                 description="Run created -> an item's result recorded (all runs).",
+            )
+        )
+        .with_panel(
+            heatmap(
+                "Latency heatmap (end to end)",
+                f'sum by (le) (increase(evalstream_stage_latency_seconds_bucket{{stage="end_to_end"}}[{RATE}]))',
+                description="Items per latency bucket and time step, run created -> result recorded (all runs).",
+            )
+        )
+        .with_panel(
+            heatmap(
+                "Latency heatmap (engine)",
+                f'sum by (le) (increase(evalstream_stage_latency_seconds_bucket{{stage="engine"}}[{RATE}]))',
+                description="Engine time per item, by latency bucket and time step (all workers).",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Router decisions / s",
+                (
+                    f"sum by (worker_group, model, reason) (rate(evalstream_router_routed_shards_total[{RATE}]))",
+                    "{{worker_group}} {{model}} {{reason}}",
+                ),
+                unit="reqps",
+                description="Shards the router sent to each worker group, by the model that serves them"
+                " and why (a model other than the run's: an SLA fallback; rerouted: moved from a dead group).",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Router score weights",
+                ("max by (term) (evalstream_router_policy_weight)", "{{term}}"),
+                description="Current weight of each term of the weighted routing score (lag, latency, GPU,"
+                " memory), as adapted from the fleet's spread.",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Answer-cache hit ratio",
+                (
+                    f'sum(rate(evalstream_items_total{{service="worker", status="cache_hit"}}[{RATE}]))'
+                    f' / (sum(rate(evalstream_items_total{{service="worker", status="cache_hit"}}[{RATE}]))'
+                    f" + sum(rate(evalstream_engine_requests_total[{RATE}])))",
+                    "hit ratio",
+                ),
+                unit="percentunit",
+                description="Items answered from the cache / items answered (cache hits + engine requests).",
             )
         )
     )
