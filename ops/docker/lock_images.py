@@ -58,6 +58,7 @@ SERVICE_ROOTS: dict[str, list[str]] = {
         "accelerate",
         "safetensors",
         "nvidia-ml-py",
+        "google-re2",
     ],
     # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), the Delta table (deltalake),
     # summaries (numpy).

@@ -29,7 +29,7 @@ from evalstream.cli.audit import THRESHOLD as AUDIT_THRESHOLD
 from evalstream.cli.audit import accuracy_without_flagged, probability
 from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.cli.progress import ProgressBar
-from evalstream.common import report_html, storage, telemetry, topics
+from evalstream.common import intake_limits, report_html, storage, telemetry, topics
 from evalstream.common.lag import group_lag, topic_partitions
 from evalstream.common.messages import (
     GenerationParams,
@@ -87,7 +87,9 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     # Validate here first: the user hears about a bad line in a second, and nothing is uploaded.
     problems = [str(p) for p in job_problems(job)]
     try:
-        loaded = await asyncio.to_thread(load_dataset, data, path.name)
+        # the producer's limit: an item must fit in a shard message beside the job's fields
+        item_limit = intake_limits.max_item_bytes(job)
+        loaded = await asyncio.to_thread(load_dataset, data, path.name, max_item_bytes=item_limit)
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
     if problems:

@@ -58,6 +58,13 @@ DEFAULTS: dict[str, str] = {
     # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
     # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
     "SANDBOX_CGROUP": "",
+    # Bounded grading and intake (issue 12): see the fields below.
+    "GRADING_PROCESSES": "2",
+    "GRADING_TIMEOUT_S": "5",
+    "GRADING_MEMORY_MB": "1024",
+    "WORKER_MAX_DELIVERIES": "3",
+    "DATASET_LOCAL_ROOT": "",
+    "DATASET_MAX_BYTES": "268435456",
 }
 
 # The HTTP port each service listens on locally (healthz, readyz, metrics). The local
@@ -134,6 +141,18 @@ class Settings:
     kafka_topic_prefix: str = DEFAULTS["KAFKA_TOPIC_PREFIX"]
     # OTLP/HTTP collector for traces (telemetry.py); empty: no export.
     otel_exporter_otlp_endpoint: str = DEFAULTS["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    # The worker's string graders run in this many child processes, each item under this
+    # deadline and each process under this address-space limit (worker/grading_pool.py).
+    grading_processes: int = int(DEFAULTS["GRADING_PROCESSES"])
+    grading_timeout_s: float = float(DEFAULTS["GRADING_TIMEOUT_S"])
+    grading_memory_mb: int = int(DEFAULTS["GRADING_MEMORY_MB"])
+    # A work message delivered this many times without its offset being committed (its
+    # processing failed or overran the poll interval each time) is dead-lettered.
+    worker_max_deliveries: int = int(DEFAULTS["WORKER_MAX_DELIVERIES"])
+    # Jobs read datasets from the datasets bucket; local files only under this folder (empty:
+    # none), and no dataset larger than DATASET_MAX_BYTES.
+    dataset_local_root: str = DEFAULTS["DATASET_LOCAL_ROOT"]
+    dataset_max_bytes: int = int(DEFAULTS["DATASET_MAX_BYTES"])
 
     @classmethod
     def from_env(cls) -> Settings:

@@ -10,7 +10,7 @@ import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.common import db, keys, service, storage, topics
+from evalstream.common import db, intake_limits, keys, service, storage, topics
 from evalstream.common.contract import JobRejected, decode_job
 from evalstream.common.metrics import RUNS
 from evalstream.common.settings import Settings
@@ -46,6 +46,12 @@ async def on_job(msg: KafkaMessage) -> None:
         log.warning("undecodable job at %s[%d]@%d: %s", record.topic, record.partition, record.offset, exc)
         await service.dead_letter(broker, raw, service.dead_letter_headers(record, exc), key=record.key)
         RUNS.labels(outcome="undecodable").inc()
+        return
+    if job.run_id is not None and (problem := intake_limits.plain_name_problem(job.run_id, "run_id")):
+        # an id that would become S3 keys: the run is recorded under one derived from the message
+        rejected = JobRejected([("run_id", problem)], None, msgspec.to_builtins(job))
+        run_id = keys.run_id_for_message(record.topic, record.partition, record.offset)
+        RUNS.labels(outcome=await state["intake"].reject_undecodable(run_id, rejected)).inc()
         return
     run_id = job.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)
 

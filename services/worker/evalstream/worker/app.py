@@ -22,6 +22,8 @@ from faststream.kafka.annotations import KafkaMessage
 from opentelemetry.trace import Span
 
 from evalstream.common import db, logs, service, telemetry, topics
+from evalstream.common.deliveries import DeliveryCounter
+from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import Heartbeat, Shard, ShardResult, WorkerStatus, decode, encode
 from evalstream.common.metrics import (
     CPU_UTILIZATION,
@@ -46,6 +48,7 @@ from evalstream.worker.engines.base import Engine, PermanentEngineError
 from evalstream.worker.engines.chaos import ChaosEngine
 from evalstream.worker.engines.slow import SlowEngine
 from evalstream.worker.gpu import sample_device_metrics
+from evalstream.worker.grading_pool import GradingPool
 from evalstream.worker.runner import Failure, ModelRunner, Outcome, RunnerConfig
 
 log = logging.getLogger("evalstream.worker")
@@ -83,6 +86,10 @@ class Engines:
 
 
 engines = Engines()
+# FAULT_INJECT="worker_fail_run=<run_id>": the handler fails on every shard of that run
+FAILING_RUNS = frozenset(
+    v for k, _, v in (p.partition("=") for p in settings.fault_inject.split(",")) if k == "worker_fail_run"
+)
 ROUND_FETCH_BYTES = 256 * 1024  # ≈ WORKER_MAX_SHARDS shards of a few dozen short questions
 state: dict[str, Any] = {"ready": False, "consuming": False, "draining": False, "in_flight": 0}
 
@@ -116,8 +123,47 @@ async def on_shards(msg: KafkaMessage) -> None:
     now = time.time()
     for record in records:  # broker timestamp of the router's publish -> picked up here
         STAGE_LATENCY.labels(stage="queue_wait").observe(max(0.0, now - record.timestamp / 1000))
+    # --- poison shards (issue 12): dead-lettered after WORKER_MAX_DELIVERIES deliveries
+    keep, worn = deliveries.split(records)
+    for record, n in worn:
+        await dead_letter_worn(record, deliveries.why(record, n), n)
+    records = tuple(record for record, _ in keep)
     with telemetry.consume_spans(records, topics.worker_consumer_group(settings.worker_group)) as spans:
-        await handle_shards(records, spans)
+        if any(n > 1 for _, n in keep):
+            await handle_one_by_one(keep, spans)  # redelivered: find which shard fails
+        elif records:
+            await handle_shards(records, spans)
+
+
+async def handle_one_by_one(records: list[tuple[service.Record, int]], spans: list[Span]) -> None:
+    """Each shard of a redelivered batch on its own: the others are not held back by one that
+    fails, and one that fails its last allowed delivery is dead-lettered now."""
+    failed: Exception | None = None
+    for (record, n), span in zip(records, spans, strict=True):
+        try:
+            await handle_shards((record,), [span])
+        except Exception as exc:
+            deliveries.failed(record, exc)
+            if n >= deliveries.limit:
+                await dead_letter_worn(record, deliveries.why(record, n), n)
+            else:
+                failed = exc
+    if failed is not None:
+        raise failed
+
+
+async def dead_letter_worn(record: service.Record, error: str, n: int) -> None:
+    log.error(
+        "work message %s[%d]@%d dead-lettered: %s", record.topic, record.partition, record.offset, error
+    )
+    headers = service.dead_letter_headers(record, error, attempts=n)
+    headers[H.ERROR_TYPE] = "DeliveriesExceeded"
+    await service.dead_letter(broker, record.value or b"", headers, key=record.key, reason="deliveries")
+    SHARDS.labels(service="worker", outcome="dead_lettered").inc()
+
+
+deliveries = DeliveryCounter(settings.worker_max_deliveries)
+# --- end poison shards
 
 
 async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) -> None:
@@ -126,6 +172,8 @@ async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) 
     for record, span in zip(records, spans, strict=True):
         try:
             shards.append(decode(record.value or b"", Shard))
+            if shards[-1].run_id in FAILING_RUNS:  # fault injection (tests): a shard that always fails
+                raise RuntimeError(f"injected fault: shards of run {shards[-1].run_id} fail")
             span_of[shards[-1].shard_id] = span
             span.set_attribute("evalstream.shard_id", shards[-1].shard_id)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -322,6 +370,10 @@ async def lifespan() -> AsyncIterator[None]:
         if pool is not None:
             await pool.close()
         raise
+    grading = GradingPool(  # string graders: off this process, each item under a deadline
+        settings.grading_processes, settings.grading_timeout_s, settings.grading_memory_mb * 1024 * 1024
+    )
+    await asyncio.to_thread(grading.start)
     state["runner"] = ModelRunner(
         RunnerConfig(
             group=settings.worker_group,
@@ -330,12 +382,14 @@ async def lifespan() -> AsyncIterator[None]:
         ),
         engines,
         AnswerCache(pool),
+        grading,
     )
     try:
         yield
     finally:
         await pool.close()
         engines.close()
+        await asyncio.to_thread(grading.close)
 
 
 def status() -> WorkerStatus:
