@@ -86,9 +86,9 @@ class Engines:
 
 
 engines = Engines()
-# FAULT_INJECT="worker_fail_run=<run_id>": the handler fails on every shard of that run
-FAILING_RUNS = frozenset(
-    v for k, _, v in (p.partition("=") for p in settings.fault_inject.split(",")) if k == "worker_fail_run"
+# FAULT_INJECT="worker_fail_item=<item id>": the handler fails on every shard holding that item
+FAILING_ITEMS = frozenset(
+    v for k, _, v in (p.partition("=") for p in settings.fault_inject.split(",")) if k == "worker_fail_item"
 )
 ROUND_FETCH_BYTES = 256 * 1024  # ≈ WORKER_MAX_SHARDS shards of a few dozen short questions
 state: dict[str, Any] = {"ready": False, "consuming": False, "draining": False, "in_flight": 0}
@@ -172,8 +172,8 @@ async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) 
     for record, span in zip(records, spans, strict=True):
         try:
             shards.append(decode(record.value or b"", Shard))
-            if shards[-1].run_id in FAILING_RUNS:  # fault injection (tests): a shard that always fails
-                raise RuntimeError(f"injected fault: shards of run {shards[-1].run_id} fail")
+            if FAILING_ITEMS and any(i.id in FAILING_ITEMS for i in shards[-1].items):  # fault injection
+                raise RuntimeError(f"injected fault: shard {shards[-1].shard_id} holds a failing item")
             span_of[shards[-1].shard_id] = span
             span.set_attribute("evalstream.shard_id", shards[-1].shard_id)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
