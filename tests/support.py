@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import subprocess
@@ -14,7 +15,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from evalstream.common import storage
 from evalstream.common.lag import topic_partitions
+from evalstream.common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack"))
@@ -55,6 +58,17 @@ async def read_topic_since(
     finally:
         await consumer.stop()
     return out
+
+
+def upload_dataset(settings: Settings, path: Path) -> str:
+    """`path` uploaded where `evalctl submit` puts datasets, as the s3:// URI a job names: the
+    producer reads no local file a job names."""
+    data = path.read_bytes()
+    key = f"uploads/{hashlib.sha256(data).hexdigest()}/{path.name}"
+    storage.put_bytes(
+        storage.client(settings), settings.s3_bucket_datasets, key, data, "application/x-ndjson"
+    )
+    return f"s3://{settings.s3_bucket_datasets}/{key}"
 
 
 class ServiceProcess:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -50,7 +50,7 @@ GRADED: dict[str, Item] = {  # every built-in string grader, with an item it can
 
 
 @pytest.fixture(scope="module")
-def pool() -> GradingPool:
+def pool() -> Iterator[GradingPool]:
     p = GradingPool(processes=2, timeout_s=5.0, memory_bytes=1024 * 1024 * 1024)
     p.start()
     yield p
@@ -190,7 +190,9 @@ def test_fenced_blocks_are_found_as_before() -> None:
 
 
 def test_numbers_are_found_as_before() -> None:
-    for text in _random_texts(["1", "23", " ", "/", ",", ".", "-", "e", "$", "a", "\\frac{1}{2}", "\\boxed{"]):
+    for text in _random_texts(
+        ["1", "23", " ", "/", ",", ".", "-", "e", "$", "a", "\\frac{1}{2}", "\\boxed{"]
+    ):
         old = [m.group(0) for m in OLD_NUMBER.finditer(text)]
         assert [m.group(0) for m in numeric._NUMBER.finditer(text)] == old, text
 
