@@ -66,7 +66,7 @@ class ChatMessage(msgspec.Struct, frozen=True):
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Published to eval.jobs by `evalctl submit` or any Kafka client."""
 
-    dataset: str  # local path or s3://bucket/key
+    dataset: str  # s3://<datasets bucket>/key, or a file under the producer's DATASET_LOCAL_ROOT
     model: str = "hf:smollm2-135m-instruct"
     grader: str = "auto"
     generation: GenerationParams = msgspec.field(default_factory=GenerationParams)
