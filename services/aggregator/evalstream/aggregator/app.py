@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import time
-import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,12 +18,11 @@ from typing import Any
 import asyncpg
 import msgspec
 from faststream import AckPolicy
-from faststream.asgi import AsgiResponse
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.aggregator import delta, objects
+from evalstream.aggregator import delta, objects, web
 from evalstream.aggregator.store import DeadLetterRecord, ResultStore
-from evalstream.common import db, report_html, service, storage, telemetry, topics
+from evalstream.common import db, evidence, report_html, service, storage, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import ItemResult, Shard, ShardResult, decode
 from evalstream.common.metrics import (
@@ -126,6 +124,8 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
                     if shard.routed_to
                     else "",
                     category=item.category,
+                    question=evidence.question_of(item),
+                    gold=evidence.gold_of(item),
                 )
                 for item in shard.items
             ]
@@ -280,19 +280,6 @@ async def save_report_html(run_id: str, summary: dict[str, Any]) -> None:
         log.exception("run %s: HTML report not saved to S3", run_id)
 
 
-async def report_page(scope: Any, receive: Any, send: Any) -> None:
-    """GET /runs/<run_id>/report.html: the run's report, rendered from the database now."""
-    parts = scope["path"].split("/")
-    response = AsgiResponse(b"not found\n", 404)
-    if scope["method"] in ("GET", "HEAD") and len(parts) == 4 and parts[3] == "report.html":
-        try:
-            page = await report_html.render_run(state["pool"], urllib.parse.unquote(parts[2]))
-            response = AsgiResponse(page.encode(), 200, {"content-type": "text/html; charset=utf-8"})
-        except KeyError:
-            response = AsgiResponse(b"no such run\n", 404)
-    await response(scope, receive, send)
-
-
 def store() -> ResultStore:
     store: ResultStore = state["store"]
     return store
@@ -319,5 +306,8 @@ async def database_ready() -> bool:
 
 
 app = service.make_app(
-    broker, lifespan=lifespan, ready_checks=[database_ready], prefix_routes=[("/runs/", report_page)]
+    broker,
+    lifespan=lifespan,
+    ready_checks=[database_ready],
+    prefix_routes=web.routes(lambda: state["pool"]),  # report, item browser, compare pages
 )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import msgspec
 
-from evalstream.common import telemetry
+from evalstream.common import evidence, telemetry
 from evalstream.common.keys import cache_key
 from evalstream.common.messages import Item, ItemResult, Shard
 from evalstream.common.metrics import (
@@ -309,6 +309,11 @@ class ModelRunner:
             completion_tokens=answer.completion_tokens,
             truncated=truncated,
             category=p.item.category,
+            question=evidence.question_of(p.item),
+            gold=evidence.gold_of(p.item),
+            prompt=evidence.clip(p.prompt, evidence.MAX_PROMPT_CHARS),
+            detail=evidence.clip(grade.detail, evidence.MAX_DETAIL_CHARS),
+            evidence=evidence.clip(grade.evidence, evidence.MAX_EVIDENCE_CHARS),
         )
 
     def _update_busy(self) -> None:
