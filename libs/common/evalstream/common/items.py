@@ -156,6 +156,7 @@ class ItemPage:
     next_after: str | None  # cursor of the next page, None on the last
     after: str | None = None  # cursor this page started after (None: the first page)
     full: bool = False  # rows carry every field whole
+    limit: int = PAGE_SIZE
 
 
 async def item_page(
@@ -199,6 +200,7 @@ async def item_page(
         next_after=encode_cursor([page[-1]["outcome"], page[-1]["item_id"]]) if more else None,
         after=after,
         full=full,
+        limit=limit,
     )
 
 

@@ -20,7 +20,15 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evalstream.common.items import CELL_CHARS, OUTCOME_NAMES, OUTCOMES, ComparePage, ItemFilter, ItemPage
+from evalstream.common.items import (
+    CELL_CHARS,
+    OUTCOME_NAMES,
+    OUTCOMES,
+    PAGE_SIZE,
+    ComparePage,
+    ItemFilter,
+    ItemPage,
+)
 
 ANSWER_SHOWN_CHARS = 20_000  # on an item's page; beyond it, the plain-text link
 
@@ -183,12 +191,13 @@ def filter_form(flt: ItemFilter, facets: Mapping[str, Sequence[str]], action: st
 
 
 def _pager(page: ItemPage, base: str) -> str:
-    parts = [f"<span id='matching'>{page.matching}</span> items match"]
+    parts = [f"<span class='matching'>{page.matching}</span> items match"]
+    query = page.filter.query() | ({"limit": str(page.limit)} if page.limit != PAGE_SIZE else {})
     if page.after:
-        parts.append(f"<a href='{_href(base, page.filter.query())}'>first page</a>")
+        parts.append(f"<a href='{_href(base, query)}'>first page</a>")
     if page.next_after:
         parts.append(
-            f"<a class='next' href='{_href(base, {**page.filter.query(), 'after': page.next_after})}'>next page</a>"
+            f"<a class='next' href='{_href(base, {**query, 'after': page.next_after})}'>next page</a>"
         )
     return f"<div class='pager'>{' · '.join(parts)}</div>"
 
@@ -227,10 +236,10 @@ def items_page(page: ItemPage, facets: Mapping[str, Sequence[str]], summary_line
     return _page(f"items of run {page.run_id}", body)
 
 
-def _pre(css_id: str, text: str | None, empty: str = "(none)") -> str:
+def _pre(field_name: str, text: str | None, empty: str = "(none)") -> str:
     if text is None:
-        return f"<p class='sub' id='{css_id}'>{_e(empty)}</p>"
-    return f"<pre class='t' id='{css_id}'>{_e(text)}</pre>"
+        return f"<p class='sub' data-field='{field_name}'>{_e(empty)}</p>"
+    return f"<pre class='t' data-field='{field_name}'>{_e(text)}</pre>"
 
 
 def item_sections(item: Mapping[str, Any], *, answer_url: str | None = None) -> str:

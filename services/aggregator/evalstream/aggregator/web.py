@@ -84,7 +84,10 @@ async def item_list(pool: asyncpg.Pool, run_id: str, params: dict[str, str]) -> 
         raise KeyError(run_id)
     try:
         flt = items.ItemFilter.from_query(params)
-        page = await items.item_page(pool, run_id, flt, after=params.get("after") or None)
+        limit = int(params.get("limit") or items.PAGE_SIZE)
+        if not 1 <= limit <= items.MAX_PAGE_SIZE:
+            raise ValueError(f"limit must be in 1..{items.MAX_PAGE_SIZE}")
+        page = await items.item_page(pool, run_id, flt, after=params.get("after") or None, limit=limit)
     except ValueError as exc:
         raise HttpError(400, str(exc)) from exc
     line = f"model {run['model']} · {run['status']} · {run['total'] or 0} items"
