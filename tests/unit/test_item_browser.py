@@ -244,3 +244,13 @@ def test_page_html_has_no_nested_quotes_left_unescaped() -> None:
         ItemPage("r", ItemFilter(), [row(0, "x", item_id="' onclick='x")], 1, None), link=True
     )
     assert re.search(r"onclick", page) and not any(n.startswith("on") for _, a in parse(page).tags for n in a)
+
+
+def test_page_paths_split_before_decoding() -> None:
+    from evalstream.aggregator.web import HttpError, path_parts
+
+    scope = {"path": "/runs/r 1/items/a/b", "raw_path": b"/runs/r%201/items/a%2Fb"}
+    assert path_parts(scope) == ["runs", "r 1", "items", "a/b"]
+    assert path_parts({"path": "/compare/x/y"}) == ["compare", "x", "y"]
+    with pytest.raises(HttpError):
+        path_parts({"path": "/runs/" + "x" * 3000})

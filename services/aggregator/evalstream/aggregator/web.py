@@ -124,11 +124,18 @@ async def compare(pool: asyncpg.Pool, run_a: str, run_b: str, params: dict[str, 
     return _html(items_html.compare_document(page, labels, live=True))
 
 
-async def dispatch(pool: asyncpg.Pool, scope: Any) -> AsgiResponse:
-    path = scope["path"]
+def path_parts(scope: Any) -> list[str]:
+    """The request path's segments, each decoded: split before decoding, since an item id
+    may hold an encoded "/"."""
+    raw = scope.get("raw_path") or urllib.parse.quote(scope["path"]).encode()
+    path = raw.decode("latin-1").split("?", 1)[0]
     if len(path) > MAX_PATH_CHARS:
         raise HttpError(400, "path too long")
-    parts = [urllib.parse.unquote(p) for p in path.split("/")[1:]]
+    return [urllib.parse.unquote(p) for p in path.split("/")[1:]]
+
+
+async def dispatch(pool: asyncpg.Pool, scope: Any) -> AsgiResponse:
+    parts = path_parts(scope)
     params = _query(scope)
     match parts:
         case ["runs", run_id, "report.html"]:
