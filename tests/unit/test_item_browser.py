@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import random
 import re
 from html.parser import HTMLParser
@@ -188,6 +189,7 @@ def test_filters_validate_and_match_literally() -> None:
     args: list[Any] = ["run"]
     where = flt.where(args)
     assert args == ["run", 1, "arithmetic", "%50\\%\\_off%"] and "outcome = $2" in where
+    assert ItemFilter.from_query({"q": "a\x01b"}).text == "ab"  # the join character of the searched fields
     assert ItemFilter.from_query({"outcome": ""}) == ItemFilter()
     with pytest.raises(ValueError, match="outcome"):
         ItemFilter.from_query({"outcome": "right'; DROP TABLE runs; --"})
@@ -254,3 +256,19 @@ def test_page_paths_split_before_decoding() -> None:
     assert path_parts({"path": "/compare/x/y"}) == ["compare", "x", "y"]
     with pytest.raises(HttpError):
         path_parts({"path": "/runs/" + "x" * 3000})
+
+
+def test_mcnemar_is_fast_and_continuous_past_the_exact_range() -> None:
+    """Integers up to EXACT_UP_TO discordant pairs, log space beyond: both agree at the seam,
+    and a 150,000-item comparison's 60,000 discordant pairs take no time."""
+    half = paired.EXACT_UP_TO // 2
+    exact = paired.mcnemar_exact(half - 40, half + 40)
+    assert paired.mcnemar_exact(half - 40, half + 41) == pytest.approx(exact, rel=0.05)
+    m, n = half - 40, 2 * half
+    log_space = 2 * sum(
+        math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2))
+        for k in range(m + 1)
+    )
+    assert exact == pytest.approx(log_space, rel=1e-9)
+    assert paired.mcnemar_exact(30_000, 30_000) == pytest.approx(1.0, abs=0.01)
+    assert paired.mcnemar_exact(29_000, 31_000) < 1e-10

@@ -22,6 +22,7 @@ from typing import Any
 
 from evalstream.common.items import (
     CELL_CHARS,
+    MAX_COUNTED,
     OUTCOME_NAMES,
     OUTCOMES,
     PAGE_SIZE,
@@ -191,7 +192,8 @@ def filter_form(flt: ItemFilter, facets: Mapping[str, Sequence[str]], action: st
 
 
 def _pager(page: ItemPage, base: str) -> str:
-    parts = [f"<span class='matching'>{page.matching}</span> items match"]
+    counted = f"more than {MAX_COUNTED:,}" if page.matching > MAX_COUNTED else str(page.matching)
+    parts = [f"<span class='matching'>{counted}</span> items match"]
     query = page.filter.query() | ({"limit": str(page.limit)} if page.limit != PAGE_SIZE else {})
     if page.after:
         parts.append(f"<a href='{_href(base, query)}'>first page</a>")

@@ -22,6 +22,7 @@ import numpy as np
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
+EXACT_UP_TO = 2_000  # discordant pairs summed as exact integers; beyond, in log space
 
 
 def mcnemar_exact(a_only: int, b_only: int) -> float:
@@ -30,8 +31,16 @@ def mcnemar_exact(a_only: int, b_only: int) -> float:
     n = a_only + b_only
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
-    return min(1.0, 2 * tail / 2**n)  # int / int: exact, correctly rounded for any n
+    m = min(a_only, b_only)
+    if n <= EXACT_UP_TO:
+        tail = sum(math.comb(n, k) for k in range(m + 1))
+        return min(1.0, 2 * tail / 2**n)  # int / int: exact, correctly rounded
+    # Beyond that the integers grow to thousands of digits (minutes for a 150k-item run):
+    # sum the terms in log space instead; the last term (k = m <= n/2) is the largest.
+    log_terms = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in range(m + 1)]
+    top = log_terms[-1]
+    log_tail = top + math.log(math.fsum(math.exp(t - top) for t in log_terms))
+    return min(1.0, 2 * math.exp(log_tail - n * math.log(2)))
 
 
 def bootstrap_ci_from_counts(
