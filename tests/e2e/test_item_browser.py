@@ -140,7 +140,7 @@ def test_filters_failed_items_text_search_and_category(run: dict[str, Any]) -> N
 
     status, _, failed = http_get(f"{base}?outcome=failed")
     assert re.findall(r"<a class='item' href='[^']*'>([^<]*)</a>", failed) == ["b027", "b028", "b029"]
-    assert failed.count("no replayed answer") == 3 and failed.count("o-failed") == 3
+    assert failed.count("no replayed answer") == 3 and failed.count("<td class='o-failed'>") == 3
     # "It is 20." .. "It is 29." (b014's answer is the long one)
     assert ids("q=It+is+2") == ["b013", *(f"b{i:03d}" for i in range(15, 23))]
     assert ids("category=odd&outcome=right") == [f"b{i:03d}" for i in range(1, 12, 2)]
@@ -360,10 +360,12 @@ async def test_the_execution_detector_is_not_blind(listener: Listener, tmp_path:
     texts = hostile_answers(listener.port)
     raw = tmp_path / "raw.html"
     raw.write_text("<!doctype html><title>raw</title><body>" + "".join(f"<div>{t}</div>" for t in texts))
+    # A <meta refresh> is a navigation, which no CSP directive governs (navigate-to never
+    # shipped): only the escaping stops that one, as the test above shows it does.
     walled = tmp_path / "walled.html"
     walled.write_text(
         f'<!doctype html><meta http-equiv="Content-Security-Policy" content="{report_html.CSP}">'
-        "<title>walled</title><body>" + "".join(f"<div>{t}</div>" for t in texts)
+        "<title>walled</title><body>" + "".join(f"<div>{t}</div>" for t in texts if "refresh" not in t)
     )
 
     def visit(path: Path) -> str:
