@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import tempfile
-import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
