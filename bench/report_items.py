@@ -9,6 +9,7 @@ dead-lettered as failures; twelve categories) goes through the pipeline, then:
 * the same page and the item browser's pages are fetched over HTTP, repeated: the first
   page, each filter (outcome, category, served_by, text search), a page deep in the run by
   its keyset cursor, one item, and the compare page of the run with itself;
+* the report's first load after an aggregator restart (its aggregates not cached yet);
 * the plan of the first-page query (EXPLAIN ANALYZE) shows which index serves it.
 
 Goal: the report page with its first page of items loads in under 1 s (median).
@@ -129,6 +130,10 @@ async def first_page_plan(run_id: str) -> dict[str, Any]:
     return {"nodes": nodes, "execution_ms": doc["Execution Time"]}
 
 
+def reuse(run_id: str, n: int) -> c.PipelineRun:
+    return c.PipelineRun(run_id=run_id, items=n, submit_s=0.0, elapsed_s=0.0, failed=0, cache_hits=0)
+
+
 async def a_served_by(run_id: str) -> str:
     import asyncpg
 
@@ -156,23 +161,31 @@ async def wait_completed(run_id: str, timeout: float) -> None:
 
 
 def main() -> None:
-    args = c.arg_parser(__doc__).parse_args()
+    ap = c.arg_parser(__doc__)
+    ap.add_argument(
+        "--reuse", metavar="RUN_ID", help="measure the pages of this completed run instead of a new one"
+    )
+    args = ap.parse_args()
     started = time.monotonic()
     c.use_bench_stack()
     c.ensure_up()
     n, repeats = (15_000, 3) if args.quick else (150_000, 7)
     items_path, answers_path = dataset(n)
     c.log(f"submitting {n:,} items (replay)")
-    run = c.run_pipeline(
-        items_path,
-        "--model",
-        f"replay:{answers_path}",
-        "--max-attempts",
-        "1",
-        total=n,
-        name=f"bench-report-items-{n}",
-        timeout=900,
-        poll_s=0.5,
+    run = (
+        reuse(args.reuse, n)
+        if args.reuse
+        else c.run_pipeline(
+            items_path,
+            "--model",
+            f"replay:{answers_path}",
+            "--max-attempts",
+            "1",
+            total=n,
+            name=f"bench-report-items-{n}",
+            timeout=900,
+            poll_s=0.5,
+        )
     )
     asyncio.run(wait_completed(run.run_id, 300))
     c.log(f"run {run.run_id}: {run.items_per_s:,.0f} items/s; measuring its pages")
@@ -197,6 +210,10 @@ def main() -> None:
         "compare_with_itself": median_get(f"{base}/compare/{run.run_id}/{run.run_id}", max(1, repeats // 2)),
     }
     browser = browser_loads(f"{runs}/report.html", repeats)
+    # the very first load after completion (the report's aggregates not yet cached), in a
+    # freshly started aggregator
+    c.restart(["aggregator"])
+    first_load_s, _ = timed_get(f"{runs}/report.html")
     plan = asyncio.run(first_page_plan(run.run_id))
     headline = browser["median_s"] if browser else http["report_page"]["median_s"]
     how = "headless Chromium, navigation start → load event" if browser else "HTTP GET, whole body"
@@ -208,6 +225,7 @@ def main() -> None:
             "params": {"items": n, "repeats": repeats, "model": "replay", "categories": len(CATEGORIES)},
             "run": run.as_dict(),
             "browser_report_load": browser,
+            "report_first_load_after_restart_s": round(first_load_s, 3),
             "http": http,
             "first_page_plan": plan,
             "diagnosis": []
@@ -224,7 +242,8 @@ def main() -> None:
                     f"< {GOAL_S:g} s",
                     f"{headline:.3f} s (median of {repeats}, {how})",
                     met,
-                    f"HTTP: report {http['report_page']['median_s'] * 1000:.0f} ms, items page "
+                    f"HTTP: report {http['report_page']['median_s'] * 1000:.0f} ms (its first load, "
+                    f"aggregates not cached: {first_load_s * 1000:.0f} ms), items page "
                     f"{http['items_first_page']['median_s'] * 1000:.0f} ms, text search "
                     f"{http['items_text_search']['median_s'] * 1000:.0f} ms, deep page "
                     f"{http['items_deep_page']['median_s'] * 1000:.0f} ms; slowest {slowest[0]} "
