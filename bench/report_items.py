@@ -131,7 +131,35 @@ async def first_page_plan(run_id: str) -> dict[str, Any]:
 
 
 def reuse(run_id: str, n: int) -> c.PipelineRun:
-    return c.PipelineRun(run_id=run_id, items=n, submit_s=0.0, elapsed_s=0.0, failed=0, cache_hits=0)
+    """A run made earlier, with its figures as the database recorded them."""
+    import asyncpg
+
+    async def read() -> c.PipelineRun:
+        conn = await asyncpg.connect(os.environ["DATABASE_URL"])
+        try:
+            row = await conn.fetchrow(
+                "SELECT r.total, extract(epoch FROM r.published_at - r.created_at) AS submit_s,"
+                " extract(epoch FROM max(i.recorded_at) - r.created_at) AS elapsed_s,"
+                " count(*) FILTER (WHERE i.error IS NOT NULL) AS failed,"
+                " count(*) FILTER (WHERE i.cache_hit) AS hits"
+                " FROM runs r JOIN item_results i ON i.run_id = r.run_id WHERE r.run_id = $1"
+                " GROUP BY r.total, r.published_at, r.created_at",
+                run_id,
+            )
+        finally:
+            await conn.close()
+        if row is None or row["total"] != n:
+            raise SystemExit(f"run {run_id} is not a finished {n:,}-item run")
+        return c.PipelineRun(
+            run_id,
+            n,
+            float(row["submit_s"] or 0),
+            float(row["elapsed_s"]),
+            int(row["failed"]),
+            int(row["hits"]),
+        )
+
+    return asyncio.run(read())
 
 
 async def a_served_by(run_id: str) -> str:
