@@ -147,6 +147,8 @@ class DeltaResults:
             data,
             mode="append",
             partition_by=PARTITION_BY,
+            # a table made before item_results gained columns (migration 004) takes them on
+            schema_mode="merge",
             configuration=TABLE_CONFIG if table is None else None,
             storage_options=self.options if table is None else None,
             commit_properties=self._commit(shards),
@@ -167,6 +169,7 @@ class DeltaResults:
                 source_alias="s",
                 target_alias="t",
                 commit_properties=self._commit(shards),
+                merge_schema=True,
             )
             .when_matched_update_all(predicate="t.error IS NOT NULL AND s.error IS NULL")
             .when_not_matched_insert_all()
