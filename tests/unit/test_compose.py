@@ -649,6 +649,7 @@ def test_local_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     targets = [f"127.0.0.1:{p}" for p in stack.worker_ports(2)]
     workers = [{"targets": targets, "labels": {"service": "worker"}}]
     (tmp_path / "workers.json").write_text(json.dumps(workers))
+    (tmp_path / "spawned.json").write_text(json.dumps([]))
     _promtool(config)
 
 
@@ -675,12 +676,14 @@ def test_local_prometheus_scrapes_the_local_stack() -> None:
     assert config["global"]["scrape_interval"] == "5s"
     assert config["rule_files"] == ["__ROOT__/ops/prometheus/rules/*.yml"]
     jobs = _jobs(PROMETHEUS / "prometheus.local.yml")
-    assert set(jobs) == {*SERVICES, "prometheus"}
+    assert set(jobs) == {*SERVICES, "prometheus", "spawned"}
     for service in ("producer", "router", "aggregator"):
         (static,) = jobs[service]["static_configs"]
         assert static == {"targets": [f"127.0.0.1:{SERVICE_PORTS[service]}"], "labels": {"service": service}}
     (file_sd,) = jobs["worker"]["file_sd_configs"]
     assert file_sd == {"files": ["__STACK__/workers.json"], "refresh_interval": "5s"}
+    (spawned,) = jobs["spawned"]["file_sd_configs"]
+    assert spawned == {"files": ["__STACK__/spawned.json"], "refresh_interval": "5s"}
     assert jobs["prometheus"]["static_configs"][0]["targets"] == [f"127.0.0.1:{stack.PROM_PORT}"]
 
 
