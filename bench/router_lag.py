@@ -48,7 +48,7 @@ from tests.e2e.test_router_e2e import (  # noqa: E402
     router_env,
     submit_private,
 )
-from tests.support import ServiceProcess, free_port, topic_end_offsets, unique  # noqa: E402
+from tests.support import ServiceProcess, free_port, topic_end_offsets, unique, upload_dataset  # noqa: E402
 
 POLICIES = ("weighted", "least_outstanding", "round_robin")
 RESULTS = ROOT / "bench" / "results" / "router_lag.json"
@@ -162,7 +162,7 @@ async def run_policy(
         run_id = unique(f"bench-{policy.replace('_', '-')}")
         dataset = write_jsonl(work / f"{policy}.jsonl", items)
         job = JobSpec(
-            dataset=str(dataset),
+            dataset=upload_dataset(settings, dataset),
             model=model,
             run_id=run_id,
             shard_size=shard_size,

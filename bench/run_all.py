@@ -30,6 +30,7 @@ BENCHMARKS = [
     "worker_start",
     "batching",
     "label_audit",
+    "report_items",
 ]
 BUDGET_S = 30 * 60
 README = paths.ROOT / "README.md"

@@ -176,6 +176,19 @@ class Chromium:
             page.send(f"{domain}.enable")
         page.send("Page.navigate", {"url": url})
         self.wait_event("Page.loadEventFired", session)
+        self.collect(page, settle_s)
+        return page
+
+    def navigate_by(self, page: Page, expression: str, *, settle_s: float = 0.3) -> str:
+        """Runs `expression` (a click, a form submission) and waits for the page it loads;
+        returns the new URL. What that page logs or fetches is added to `page`."""
+        page.evaluate(expression)
+        self.wait_event("Page.loadEventFired", page.session)
+        self.collect(page, settle_s)
+        return str(page.evaluate("location.href"))
+
+    def collect(self, page: Page, settle_s: float) -> None:
+        session = page.session
         time.sleep(settle_s)
         page.evaluate("0")  # drains the events that arrived meanwhile
         for ev in [e for e in self._events if e.get("sessionId") == session]:
@@ -192,7 +205,6 @@ class Chromium:
                 page.console_errors.append(params["entry"].get("text", "")[:500])
             elif method == "Network.requestWillBeSent":
                 page.requests.append(params["request"]["url"])
-        return page
 
 
 # What a test asks of a page with charts: every svg.chart drawn with a size and marks.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import subprocess
@@ -10,10 +11,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from evalstream.common import storage
 from evalstream.common.lag import topic_partitions
+from evalstream.common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack"))
@@ -54,6 +58,17 @@ async def read_topic_since(
     finally:
         await consumer.stop()
     return out
+
+
+def upload_dataset(settings: Settings, path: Path) -> str:
+    """`path` uploaded where `evalctl submit` puts datasets, as the s3:// URI a job names: the
+    producer reads no local file a job names."""
+    data = path.read_bytes()
+    key = f"uploads/{hashlib.sha256(data).hexdigest()}/{path.name}"
+    storage.put_bytes(
+        storage.client(settings), settings.s3_bucket_datasets, key, data, "application/x-ndjson"
+    )
+    return f"s3://{settings.s3_bucket_datasets}/{key}"
 
 
 class ServiceProcess:
@@ -128,3 +143,60 @@ async def wait_until(predicate, timeout: float, interval: float = 0.25, what: st
             return value
         await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def duckdb_delta(s3: Any = None) -> Any:
+    """A DuckDB connection that reads Delta tables: the delta (and httpfs) extensions come
+    from their PyPI packages (duckdb-ext-*), not from DuckDB's download site. With `s3`
+    (Settings), an S3 secret for the stack's store, as the README's query creates it."""
+    import duckdb
+    import duckdb_ext  # namespace package of the duckdb-ext-* wheels: the extension files
+
+    con = duckdb.connect(
+        config={
+            "extension_directory": f"{next(iter(duckdb_ext.__path__))}/extensions",
+            "autoinstall_known_extensions": False,
+        }
+    )
+    con.execute("LOAD delta")
+    if s3 is not None:
+        con.execute("LOAD httpfs")
+        con.execute(duckdb_s3_secret(s3))
+    return con
+
+
+def duckdb_s3_secret(s3: Any) -> str:
+    """The README's CREATE SECRET for the stack's S3 store."""
+    endpoint = s3.s3_endpoint.split("://", 1)[1]
+    return (
+        f"CREATE OR REPLACE SECRET evalstream (TYPE s3, KEY_ID '{s3.s3_access_key}', SECRET '{s3.s3_secret_key}',"
+        f" REGION '{s3.s3_region}', ENDPOINT '{endpoint}', URL_STYLE 'path', USE_SSL {str(s3.s3_endpoint.startswith('https')).lower()})"
+    )
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """The protobuf Records of a W&B offline run file (`run-<id>.wandb`): a LevelDB-style log
+    (7-byte file header, 32 KiB blocks, 7-byte record headers: crc, length, type) that
+    wandb no longer ships a Python reader for."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    block, pos, pending, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        if length == 0 and kind == 0:
+            break
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out

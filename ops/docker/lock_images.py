@@ -58,9 +58,11 @@ SERVICE_ROOTS: dict[str, list[str]] = {
         "accelerate",
         "safetensors",
         "nvidia-ml-py",
+        "google-re2",
     ],
-    # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), summaries (numpy).
-    "aggregator": [*_BASE, "asyncpg", "minio", "pyarrow", "numpy"],
+    # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), the Delta table (deltalake),
+    # summaries (numpy).
+    "aggregator": [*_BASE, "asyncpg", "minio", "pyarrow", "deltalake", "numpy"],
 }
 
 # The image's interpreter, for evaluating environment markers.

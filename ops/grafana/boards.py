@@ -21,13 +21,27 @@ from pathlib import Path
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap as heatmap_panel
 from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import statetimeline as state_panel
 from grafana_foundation_sdk.builders import timeseries as ts_panel
 from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOptions
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, StackingMode
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableOption, VariableRefresh
+from grafana_foundation_sdk.models.common import (
+    LegendDisplayMode,
+    LegendPlacement,
+    LineInterpolation,
+    StackingMode,
+)
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    ValueMap,
+    ValueMappingResult,
+    VariableOption,
+    VariableRefresh,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 # ops/grafana/provisioning/datasources/prometheus.yml gives the datasource this uid.
@@ -88,6 +102,45 @@ def stat(
         .span(width)
         .height(4)
         .with_target(query(expr))
+    )
+
+
+def heatmap(title: str, expr: str, *, description: str = "", width: int = 12) -> heatmap_panel.Panel:
+    """Buckets of a Prometheus histogram over time (one cell per bucket and step): where the
+    latency mass sits and how it moves, which two percentiles cannot show."""
+    return (
+        heatmap_panel.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(width)
+        .height(8)
+        .calculate(False)  # the buckets are Prometheus's own
+        .with_target(query(expr, "{{le}}").format(PromQueryFormat.HEATMAP))
+    )
+
+
+def state_timeline(
+    title: str, expr: str, legend: str, states: dict[int, tuple[str, str]], *, description: str = ""
+) -> state_panel.Panel:
+    """One lane per series, coloured by its state (value -> (text, colour)) over time."""
+    mapping = ValueMap({str(v): ValueMappingResult(text=t, color=c, index=v) for v, (t, c) in states.items()})
+    return (
+        state_panel.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .span(12)
+        .height(8)
+        .decimals(0)
+        .mappings([mapping])
+        .legend(
+            VizLegendOptions()
+            .show_legend(True)
+            .display_mode(LegendDisplayMode.LIST)
+            .placement(LegendPlacement.BOTTOM)
+        )
+        .with_target(query(expr, legend))
     )
 
 
@@ -346,6 +399,34 @@ def workers() -> db.Dashboard:
                 ),
             )
         )
+        .with_row(db.Row("Model APIs (openai: engine)"))
+        .with_panel(
+            timeseries(
+                "API requests / s by outcome (429s: rate_limited)",
+                (
+                    f"sum by (model, outcome) (rate(evalstream_api_requests_total[{RATE}]))",
+                    "{{model}} {{outcome}}",
+                ),
+                (
+                    f"sum by (model, reason) (rate(evalstream_api_retries_total[{RATE}]))",
+                    "{{model}} retried ({{reason}})",
+                ),
+                unit="reqps",
+                description="HTTP requests to model APIs by outcome: ok, rate_limited (HTTP 429), server_error,"
+                " timeout, connection_error, malformed, client_error; and the requests the engine retried,"
+                " by reason. The model label is the engine's revision (model@endpoint).",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Adaptive concurrency limit",
+                ("max by (model) (evalstream_api_concurrency_limit)", "{{model}}"),
+                description="Requests an API engine lets in flight at once: halved on each 429, grown back"
+                " one at a time while requests succeed, never above the SPEC's concurrency.",
+            )
+            .line_interpolation(LineInterpolation.STEP_AFTER)
+            .decimals(0)
+        )
     )
 
 
@@ -511,6 +592,78 @@ def runs() -> db.Dashboard:
                 ),
                 unit="s",
                 description="Run created -> an item's result recorded (all runs).",
+            )
+        )
+        .with_panel(
+            heatmap(
+                "Latency heatmap (end to end)",
+                f'sum by (le) (increase(evalstream_stage_latency_seconds_bucket{{stage="end_to_end"}}[{RATE}]))',
+                description="Items per latency bucket and time step, run created -> result recorded (all runs).",
+            )
+        )
+        .with_panel(
+            heatmap(
+                "Latency heatmap (engine)",
+                f'sum by (le) (increase(evalstream_stage_latency_seconds_bucket{{stage="engine"}}[{RATE}]))',
+                description="Engine time per item, by latency bucket and time step (all workers).",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Router decisions / s",
+                (
+                    f"sum by (worker_group, model, reason) (rate(evalstream_router_routed_shards_total[{RATE}]))",
+                    "{{worker_group}} {{model}} {{reason}}",
+                ),
+                unit="reqps",
+                description="Shards the router sent to each worker group, by the model that serves them"
+                " and why (a model other than the run's: an SLA fallback; rerouted: moved from a dead group).",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Router score weights",
+                ("max by (term) (evalstream_router_policy_weight)", "{{term}}"),
+                description="Current weight of each term of the weighted routing score (lag, latency, GPU,"
+                " memory), as adapted from the fleet's spread.",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Router SLA violation rate",
+                ("max by (model) (evalstream_router_sla_violation_ratio)", "{{model}}"),
+                unit="percentunit",
+                description="Per model, over the last 60 s of its groups' heartbeats: 0.7 x the share over"
+                " ROUTER_SLA_P95_MS + 0.3 x the share over ROUTER_SLA_MAX_ERROR_RATE. Computed when a shard"
+                " of a run that opted into SLA fallback (evalctl submit --sla-fallback) is routed.",
+            ).max(1)
+        )
+        .with_panel(
+            state_timeline(
+                "SLA fallback tier in force",
+                "max by (model) (evalstream_router_sla_fallback_tier)",
+                "{{model}}",
+                {
+                    0: ("requested model", "green"),
+                    1: ("tier 1: one step lighter", "orange"),
+                    2: ("tier 2: two steps lighter", "red"),
+                    3: ("tier 3: three steps lighter", "dark-red"),
+                },
+                description="How many of ROUTER_SLA_TIERS the model's violation rate reaches: opted-in runs"
+                " of the model are served that many steps down its ROUTER_FALLBACK chain.",
+            )
+        )
+        .with_panel(
+            timeseries(
+                "Answer-cache hit ratio",
+                (
+                    f'sum(rate(evalstream_items_total{{service="worker", status="cache_hit"}}[{RATE}]))'
+                    f' / (sum(rate(evalstream_items_total{{service="worker", status="cache_hit"}}[{RATE}]))'
+                    f" + sum(rate(evalstream_engine_requests_total[{RATE}])))",
+                    "hit ratio",
+                ),
+                unit="percentunit",
+                description="Items answered from the cache / items answered (cache hits + engine requests).",
             )
         )
     )

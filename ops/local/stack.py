@@ -13,6 +13,7 @@ project's venv for the bootstrap step), so it runs before anything else is insta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -34,7 +35,7 @@ from localstack.config import (  # noqa: E402
     log,
     run,
 )
-from localstack.installs import install_apt, kafka_libs, weed_binary  # noqa: E402
+from localstack.installs import install_apt, kafka_libs, kafka_tools_libs, weed_binary  # noqa: E402
 from localstack.kafka import kafka_argv, kafka_healthy, kafka_prepare  # noqa: E402
 from localstack.postgres import Postgres  # noqa: E402
 from localstack.proc import Proc  # noqa: E402
@@ -157,6 +158,9 @@ def main() -> None:
     p_up.add_argument("--infra-only", action="store_true", help="Kafka, PostgreSQL, S3 and Prometheus only")
     sub.add_parser("ps", help="list the stack's processes")
     sub.add_parser("env", help="print `export` lines that point clients (evalctl, tests) at this stack")
+    sub.add_parser(
+        "kafka-tools-classpath", help="the classpath of Kafka's command-line tools (fetched on first use)"
+    )
     sub.add_parser("down", help="stop everything (data is kept)")
     sub.add_parser("clean", help="stop everything and delete the stack folder (data, logs)")
     p_stop = sub.add_parser("stop", help="stop one process by name")
@@ -168,6 +172,10 @@ def main() -> None:
         ps()
     elif args.cmd == "env":
         print("\n".join(f"export {k}={v}" for k, v in client_env().items()))
+    elif args.cmd == "kafka-tools-classpath":
+        with contextlib.redirect_stdout(sys.stderr):
+            libs = kafka_tools_libs()
+        print(f"{libs}/*")
     elif args.cmd == "down":
         down()
     elif args.cmd == "clean":

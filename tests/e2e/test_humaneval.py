@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import tempfile
 import urllib.request
@@ -165,6 +166,13 @@ async def test_hostile_code_fails_and_the_worker_keeps_serving(
     assert summary["accuracy"] == pytest.approx(1 / len(completions), abs=1e-4)  # rounded
     with pytest.raises(BlockingIOError):
         server.accept()  # nothing reached the host's socket
+    # each keeps its grading evidence for the report (issue 18): what the tests printed, and why
+    for item_id, r in rows.items():
+        assert r["evidence"] is not None and re.match(r"(exit code -?\d+|timed out) after", r["evidence"]), (
+            item_id
+        )
+        assert (r["detail"] is None) == (item_id == "honest"), (item_id, r["detail"])
+    assert rows["honest"]["evidence"].startswith("exit code 0 after")
     # the worker survived all of it and still serves: same process, ready, grading correctly
     assert worker.proc.poll() is None
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:

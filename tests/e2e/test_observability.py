@@ -2,11 +2,17 @@
 alert rules are loaded and evaluate cleanly, a dead letter fires its alert, and every panel
 of every Grafana board (the generated JSON) returns data. The overview board's data is drawn
 into tests/artifacts/overview-board.png (Grafana itself cannot run here).
+
+Two boards' panels need services the stack does not run: a worker group on a model API that
+answers 429s (the fake provider), and a router configured with ROUTER_FALLBACK routing a run
+that opted into SLA fallback. The test starts both and has Prometheus scrape them through
+the local stack's `spawned` file_sd targets (ops/prometheus/prometheus.local.yml).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -14,14 +20,21 @@ import re
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from evalstream.common import report_html
+from evalstream.common import report_html, topics
+from evalstream.common.messages import Shard, decode
+from evalstream.common.settings import Settings
+from evalstream.common.topics_admin import ensure_topics
 from tests.chromium import Chromium, charts
 from tests.e2e.helpers import ROOT, arithmetic_items, submit_wait, write_jsonl
+from tests.e2e.test_router_e2e import FakeGroup, create_topic, publish_shards, router_env, shards_for
+from tests.fakes.openai_provider import FakeProvider, storm
+from tests.support import STACK, ServiceProcess, free_port, read_topic_since, topic_end_offsets, unique
 from tests.unit.test_boards import boards, committed
 
 pytestmark = pytest.mark.stack
@@ -30,6 +43,9 @@ pytestmark = pytest.mark.stack
 PROMETHEUS = f"http://127.0.0.1:{9090 + int(os.environ.get('EVALSTREAM_PORT_OFFSET', '0'))}"
 ARTIFACTS = ROOT / "tests/artifacts"
 GPU_METRIC = re.compile(r"\bevalstream_gpu_[a-z_]+")
+# Prometheus scrapes the targets listed here (job `spawned`, re-read every 5 s).
+SPAWNED_TARGETS = STACK / "prometheus/spawned.json"
+API_KEY = "sk-observability-e2e-7c1d9b3a"
 
 
 def prom(path: str, method: str = "GET", **params: Any) -> Any:
@@ -98,6 +114,126 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"started": started, "null": null, "replay": replay}
 
 
+def _edit_targets(change: Any) -> None:
+    assert SPAWNED_TARGETS.exists(), f"{SPAWNED_TARGETS} is missing: restart the stack (stack.py up)"
+    targets = change(json.loads(SPAWNED_TARGETS.read_text()))
+    tmp = SPAWNED_TARGETS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(targets))
+    tmp.replace(SPAWNED_TARGETS)  # Prometheus never reads half a file
+
+
+@contextlib.contextmanager
+def scraped(service: str, port: int) -> Iterator[None]:
+    """Prometheus scrapes a service this test started, for as long as the block runs."""
+    target = {"targets": [f"127.0.0.1:{port}"], "labels": {"service": service}}
+    _edit_targets(lambda targets: [*targets, target])
+    try:
+        yield
+    finally:
+        _edit_targets(lambda targets: [t for t in targets if t != target])
+
+
+def start_service(services: contextlib.ExitStack, module: str, log: Path, **env: str) -> int:
+    """A service of the test's own, stopped when `services` closes; returns its HTTP port."""
+    port = free_port()
+    proc = ServiceProcess(module, {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **env}, log).start()
+    services.callback(proc.stop)
+    proc.wait_healthy(port)
+    return port
+
+
+def value(query: str) -> float | None:
+    result = prom("/api/v1/query", query=query)["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def scraped_twice(series: str) -> bool:
+    """Prometheus holds two samples of `series` (what rate() needs)."""
+    return bool(prom("/api/v1/query", query=f"count_over_time({series}[1m]) >= 2")["result"])
+
+
+@pytest.fixture(scope="module")
+async def api_and_sla(
+    runs: dict[str, Any], stack: Settings, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[dict[str, Any]]:
+    """A worker group on an `openai:` SPEC against the fake provider through a 429 storm, and
+    a router with ROUTER_FALLBACK that sends a run's opted-in shards one tier down; both
+    scraped by Prometheus until the module's tests are done."""
+    tmp = tmp_path_factory.mktemp("api_and_sla")
+    bootstrap = stack.kafka_bootstrap
+    with contextlib.ExitStack() as services:
+        # --- provider 429s and the adaptive concurrency
+        provider = services.enter_context(FakeProvider())
+        provider.rate_limit(20, retry_after=0.5)
+        provider.script = storm(seconds=2.0, retry_after=0.5)  # every request refused for 2 s
+        group = unique("obs-openai")
+        await ensure_topics(bootstrap, [group])
+        worker_env = {"WORKER_GROUP": group, "WORKER_MODEL": "openai:*", "OBS_API_KEY": API_KEY}
+        port = await asyncio.to_thread(
+            start_service, services, "evalstream.worker", tmp / "worker.log", **worker_env
+        )
+        services.enter_context(scraped("worker", port))
+        model = unique("obs-model")  # unique: no answer-cache hits, every item asks the provider
+        run = await asyncio.to_thread(
+            submit_wait,
+            write_jsonl(tmp / "api.jsonl", arithmetic_items(40, unique("a"))),
+            "--model", provider.spec(model, key_env="OBS_API_KEY", concurrency=8),
+            "--worker-group", group, "--shard-size", "10", timeout=300,
+        )  # fmt: skip
+        assert run["status"] == "completed" and run["succeeded"] == 40, run
+        refused = provider.count(429)
+        assert refused > 0 and provider.count(200) == 40
+        revision = f'model="{model}@{provider.url}"'  # the engine labels its metrics with it
+        for outcome, expected in (("ok", 40), ("rate_limited", refused)):
+            series = f'evalstream_api_requests_total{{{revision}, outcome="{outcome}"}}'
+            await until(
+                f"{series} == {expected}, scraped twice",
+                lambda series=series, expected=expected: value(series) == expected and scraped_twice(series),
+                timeout=60,
+            )
+        limit = value(f"evalstream_api_concurrency_limit{{{revision}}}")
+        assert limit is not None and 1 <= limit <= 8
+
+        # --- SLA fallback: every heartbeat of the big model's group violates the SLA
+        big_group, small_group, inbox = unique("obs-big"), unique("obs-small"), unique("eval.shards.obs")
+        await create_topic(bootstrap, inbox)
+        big, small = f"replay:{tmp / 'big.jsonl'}", f"replay:{tmp / 'small.jsonl'}"
+        async with (
+            FakeGroup(bootstrap, big_group, big, p95_ms=60_000),
+            FakeGroup(bootstrap, small_group, small, p95_ms=100),
+        ):
+            env = router_env(
+                inbox,
+                [big_group, small_group],
+                ROUTER_FALLBACK=f"{big}={small}",
+                ROUTER_SLA_P95_MS="1000",
+                ROUTER_SLA_TIERS="0.5",
+            )
+            router_port = await asyncio.to_thread(
+                start_service, services, "evalstream.router", tmp / "router.log", **env
+            )
+            services.enter_context(scraped("router", router_port))
+            small_work = topics.work_topic(small_group)
+            before = await topic_end_offsets(bootstrap, small_work)
+            await publish_shards(bootstrap, inbox, shards_for(unique("run-obs"), big, 4, opt_in=True))
+
+            async def fell_back() -> list[Shard] | None:
+                records = await read_topic_since(bootstrap, small_work, before)
+                shards = [decode(v, Shard) for _, v, _ in records]
+                return shards if len(shards) == 4 else None
+
+            deadline = time.monotonic() + 60
+            while (shards := await fell_back()) is None:
+                assert time.monotonic() < deadline, "the opted-in shards never reached the lighter group"
+                await asyncio.sleep(0.5)
+            assert all(s.model == big and s.served_model == small for s in shards)
+            tier = f'evalstream_router_sla_fallback_tier{{model="{big}"}}'
+            await until(f"{tier} == 1, scraped twice", lambda: value(tier) == 1 and scraped_twice(tier))
+            # all of the big group's samples are latency violations: 0.7 x 1 + 0.3 x 0
+            assert value(f'evalstream_router_sla_violation_ratio{{model="{big}"}}') == pytest.approx(0.7)
+            yield {"api_model": f"{model}@{provider.url}", "fallback_model": big}
+
+
 async def test_alert_rules_are_loaded_and_evaluate_cleanly(runs: dict[str, Any]) -> None:
     def loaded() -> dict[str, dict[str, Any]] | None:
         groups = {g["name"]: g for g in prom("/api/v1/rules")["groups"]}
@@ -132,11 +268,6 @@ async def test_run_metrics_match_the_run(runs: dict[str, Any]) -> None:
     counted its items and shards."""
     replay = runs["replay"]
     run_id = replay["run_id"]
-
-    def value(query: str) -> float | None:
-        result = prom("/api/v1/query", query=query)["result"]
-        return float(result[0]["value"][1]) if result else None
-
     await until(
         "the run's accuracy series",
         lambda: value(f'evalstream_run_accuracy_ratio{{run_id="{run_id}"}}') is not None,
@@ -174,7 +305,9 @@ def legend(fmt: str, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt)
 
 
-async def test_every_board_panel_returns_data_from_prometheus(runs: dict[str, Any], tmp_path: Path) -> None:
+async def test_every_board_panel_returns_data_from_prometheus(
+    runs: dict[str, Any], api_and_sla: dict[str, Any], tmp_path: Path
+) -> None:
     run_id = runs["replay"]["run_id"]
     # The aggregator's run series and the recording rules must have been scraped / evaluated.
     await until(

@@ -29,7 +29,7 @@ from tests.e2e.helpers import (
     submit_wait,
     write_jsonl,
 )
-from tests.support import STACK, read_topic_since, topic_end_offsets, unique, wait_until
+from tests.support import STACK, read_topic_since, topic_end_offsets, unique, upload_dataset, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -79,7 +79,7 @@ async def test_rejected_dataset_publishes_nothing(
     assert "line 2" in proc.stderr and "line 3" in proc.stderr and "duplicate" in proc.stderr.lower()
     # 2) straight to eval.jobs by another Kafka client: the producer rejects the whole run
     run_id = unique("run-rejected")
-    job = JobSpec(dataset=str(bad), model="null", run_id=run_id)
+    job = JobSpec(dataset=upload_dataset(stack, bad), model="null", run_id=run_id)
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
     # 3) garbage on eval.jobs does not stop the producer: a later good job still runs
     await kafka_producer.send_and_wait(topics.JOBS, b"\x00not json{", key=b"garbage")
@@ -189,7 +189,7 @@ async def test_transient_failures_retry_and_permanent_ones_dead_letter(
     delay = 6.0
     retry = RetryPolicy(max_attempts=3, base_delay_s=delay, multiplier=1.0)
     job = JobSpec(
-        dataset=str(dataset),
+        dataset=upload_dataset(stack, dataset),
         model="null",
         run_id=run_id,
         worker_group=group,
@@ -255,7 +255,7 @@ async def test_success_after_redrive_replaces_recorded_failure(
     items = arithmetic_items(50, prefix="f")
     run_id = unique("run-redrive")
     job = JobSpec(
-        dataset=str(write_jsonl(tmp_path / "f.jsonl", items)),
+        dataset=upload_dataset(stack, write_jsonl(tmp_path / "f.jsonl", items)),
         model="null",
         run_id=run_id,
         worker_group=group,

@@ -30,7 +30,7 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.producer.intake import Intake
 from tests.e2e.helpers import arithmetic_items, result_rows, run_status, write_jsonl
-from tests.support import read_topic_since, topic_end_offsets, unique, wait_until
+from tests.support import read_topic_since, topic_end_offsets, unique, upload_dataset, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -318,7 +318,7 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
     try:
         run_id = unique("run-kill")
         job = JobSpec(
-            dataset=str(write_jsonl(tmp_path / "items.jsonl", items)),
+            dataset=upload_dataset(stack, write_jsonl(tmp_path / "items.jsonl", items)),
             model=model,
             run_id=run_id,
             shard_size=10,

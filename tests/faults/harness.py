@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from evalstream.common import storage
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, encode
 from evalstream.common.settings import Settings
-from tests.support import ROOT, STACK
+from tests.support import ROOT, STACK, upload_dataset
 
 REPORT = ROOT / "bench" / "results" / "faults.json"
 
@@ -169,7 +169,7 @@ async def submit(
     from aiokafka import AIOKafkaProducer
 
     job = JobSpec(
-        dataset=str(dataset),
+        dataset=upload_dataset(settings, dataset),
         model="null",
         run_id=run_id,
         worker_group=group,

@@ -59,7 +59,7 @@ def test_parse_target_options_from_query_then_env_then_defaults() -> None:
         ("m@http://h/v1?burst=3", "unknown option(s) burst"),
         ("m@http://h/v1?concurrency=0", "concurrency must be >= 1"),
         ("m@http://h/v1?key_env=A-B", "not an environment variable name"),
-        ("m@ftp://h/v1", "@<http(s) base_url>"),
+        ("m@ftp://h/v1", "neither an http(s) base url nor a provider preset"),
     ],
 )
 def test_parse_target_rejects(target: str, fragment: str) -> None:

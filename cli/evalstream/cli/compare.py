@@ -17,57 +17,28 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from evalstream.common import items, items_html
+from evalstream.common.paired import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    mcnemar_exact,
+    paired_bootstrap_ci,
+)
 from evalstream.common.settings import Settings
 
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
-CONFIDENCE = 0.95
+__all__ = ["compare_results", "load_results", "mcnemar_exact", "paired_bootstrap_ci"]
+
 SHOWN = 10  # item ids printed per list (--json has them all)
 
 Result = Mapping[str, Any]  # a row of item_results: item_id, response, extracted, correct, score, error
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def mcnemar_exact(a_only: int, b_only: int) -> float:
-    """Two-sided exact McNemar p-value from the discordant counts: items right only in run
-    A, items right only in run B. 1.0 when there are none."""
-    n = a_only + b_only
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(a_only, b_only) + 1))
-    return min(1.0, 2 * tail / 2**n)  # int / int: exact, correctly rounded for any n
-
-
-def paired_bootstrap_ci(
-    a_scores: Sequence[float],
-    b_scores: Sequence[float],
-    *,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    confidence: float = CONFIDENCE,
-    seed: int = BOOTSTRAP_SEED,
-) -> tuple[float, float] | None:
-    """Percentile bootstrap interval for mean(b) - mean(a) over paired items; None without
-    items. Resamples items (pairs), not runs: the pairing is what makes it tight."""
-    if len(a_scores) != len(b_scores):
-        raise ValueError("paired scores must have the same length")
-    n = len(a_scores)
-    if n == 0:
-        return None
-    diffs = [b - a for a, b in zip(a_scores, b_scores, strict=True)]
-    rng = random.Random(seed)
-    means = sorted(math.fsum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
-    alpha = (1 - confidence) / 2
-    lo = means[max(0, math.floor(alpha * resamples))]
-    hi = means[min(resamples - 1, math.ceil((1 - alpha) * resamples) - 1)]
-    return round(lo, 6), round(hi, 6)
 
 
 def _right(r: Result) -> bool:
@@ -195,15 +166,30 @@ async def cmd_compare(args: argparse.Namespace, settings: Settings) -> None:
     try:
         runs = [await _run_row(conn, r) for r in (args.run_a, args.run_b)]
         results = [await load_results(conn, r) for r in (args.run_a, args.run_b)]
+        comparison = compare_results(*results, resamples=args.resamples, seed=args.seed)
+        comparison = {"run_a": args.run_a, "run_b": args.run_b, **comparison}
+        labels = [f"{r['run_id']} ({r['model']}, {r['status']})" for r in runs]
+        if args.html:
+            await write_html(conn, comparison, labels, Path(args.html))
     finally:
         await conn.close()
-    comparison = compare_results(*results, resamples=args.resamples, seed=args.seed)
-    comparison = {"run_a": args.run_a, "run_b": args.run_b, **comparison}
     if args.json:
         out_json(comparison)
         return
-    labels = [f"{r['run_id']} ({r['model']}, {r['status']})" for r in runs]
     print_comparison(comparison, *labels)
+
+
+async def write_html(
+    conn: asyncpg.Connection, comparison: dict[str, Any], labels: list[str], path: Path
+) -> None:
+    """The compare page as a file: these figures, then the flipped items with both answers."""
+    page = await items.compare_page(
+        conn, comparison["run_a"], comparison["run_b"], limit=items.MAX_FILE_ROWS, stats=comparison
+    )
+    flips = comparison["mcnemar"]["right_in_a_only"] + comparison["mcnemar"]["right_in_b_only"]
+    note = f"the first {len(page.rows)} of {flips} flipped items" if page.next_after else ""
+    path.write_text(items_html.compare_document(page, labels, live=False, note=note), encoding="utf-8")
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -218,4 +204,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--resamples", type=int, default=BOOTSTRAP_RESAMPLES, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=BOOTSTRAP_SEED, help="bootstrap seed")
     p.add_argument("--json", action="store_true", help="the comparison as one JSON line")
+    p.add_argument(
+        "--html", metavar="FILE", help="also write the two runs side by side, flipped items first, as HTML"
+    )
     p.set_defaults(handler=cmd_compare)

@@ -12,4 +12,5 @@ MODULES: list[str] = [
     "evalstream.cli.reproduce",
     "evalstream.cli.audit",
     "evalstream.cli.regrade",
+    "evalstream.cli.export",
 ]

@@ -29,7 +29,7 @@ from evalstream.cli.audit import THRESHOLD as AUDIT_THRESHOLD
 from evalstream.cli.audit import accuracy_without_flagged, probability
 from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.cli.progress import ProgressBar
-from evalstream.common import report_html, storage, telemetry, topics
+from evalstream.common import intake_limits, report_html, storage, telemetry, topics
 from evalstream.common.lag import group_lag, topic_partitions
 from evalstream.common.messages import (
     GenerationParams,
@@ -61,6 +61,8 @@ def out_json(value: Any) -> None:
 
 
 async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
+    if args.export and not args.wait:
+        fail("--export exports the run when it completes: it needs --wait")
     from evalstream.producer.datasets import DatasetError, load_dataset
     from evalstream.producer.intake import job_problems
 
@@ -85,7 +87,9 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     # Validate here first: the user hears about a bad line in a second, and nothing is uploaded.
     problems = [str(p) for p in job_problems(job)]
     try:
-        loaded = await asyncio.to_thread(load_dataset, data, path.name)
+        # the producer's limit: an item must fit in a shard message beside the job's fields
+        item_limit = intake_limits.max_item_bytes(job)
+        loaded = await asyncio.to_thread(load_dataset, data, path.name, max_item_bytes=item_limit)
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
     if problems:
@@ -122,6 +126,10 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
             print(run_id)
         return
     summary = await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
+    if args.export:  # opt-in: the completed run goes to the trackers named, with their defaults
+        from evalstream.cli import export
+
+        await export.export_on_completion(settings, run_id, args.export)
     if args.json:
         out_json(summary)
     else:
@@ -589,6 +597,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="a name for the run (default: the file name)")
     s.add_argument("--wait", action="store_true", help="show progress until the run ends, then the report")
     s.add_argument("--timeout", type=float, help="with --wait: give up waiting after this many seconds")
+    s.add_argument(
+        "--export",
+        action="append",
+        choices=("wandb", "mlflow"),
+        help="with --wait: when the run completes, export it (`evalctl export --help`); repeatable",
+    )
     s.add_argument(
         "--json", action="store_true", help="last stdout line: the run summary (or submission) as JSON"
     )

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from localstack.config import CACHE, KAFKA_VERSION, ROOT, SEAWEEDFS_VERSION, log, run
@@ -38,10 +39,23 @@ def install_apt() -> None:
 
 
 def kafka_libs() -> Path:
-    libs = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
+    return maven_jars("broker", ROOT / "ops/local/kafka/pom.xml", CACHE / f"kafka-{KAFKA_VERSION}" / "libs")
+
+
+def kafka_tools_libs() -> Path:
+    """Kafka's command-line tools (ConsoleProducer, ...), fetched on first use only."""
+    return maven_jars(
+        "command-line tools",
+        ROOT / "ops/local/kafka/tools-pom.xml",
+        CACHE / f"kafka-tools-{KAFKA_VERSION}" / "libs",
+    )
+
+
+def maven_jars(what: str, pom: Path, libs: Path) -> Path:
+    """Every runtime jar of `pom`'s dependencies, copied from Maven Central into `libs` once."""
     if (libs / ".complete").exists():
         return libs
-    log(f"fetching Apache Kafka {KAFKA_VERSION} broker jars from Maven Central")
+    log(f"fetching Apache Kafka {KAFKA_VERSION} {what} jars from Maven Central")
     tmp = libs.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     run(
@@ -50,11 +64,12 @@ def kafka_libs() -> Path:
             "-q",
             "-B",
             "-f",
-            str(ROOT / "ops/local/kafka/pom.xml"),
+            str(pom),
             f"-Dkafka.version={KAFKA_VERSION}",
             "dependency:copy-dependencies",
             f"-DoutputDirectory={tmp}",
-        ]
+        ],
+        stdout=sys.stderr,  # Maven's noise, never mixed into a printed classpath
     )
     shutil.rmtree(libs, ignore_errors=True)
     tmp.rename(libs)

@@ -22,6 +22,9 @@ def prometheus_prepare(workers: int) -> None:
     src = src.replace("127.0.0.1:9090", f"127.0.0.1:{PROM_PORT}")
     (d / "prometheus.yml").write_text(src)
     write_worker_targets(workers)
+    spawned = d / "spawned.json"  # targets tests add for the services they start
+    if not spawned.exists():
+        spawned.write_text("[]")
 
 
 def write_worker_targets(workers: int) -> None:

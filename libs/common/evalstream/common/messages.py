@@ -66,7 +66,7 @@ class ChatMessage(msgspec.Struct, frozen=True):
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Published to eval.jobs by `evalctl submit` or any Kafka client."""
 
-    dataset: str  # local path or s3://bucket/key
+    dataset: str  # s3://<datasets bucket>/key, or a file under the producer's DATASET_LOCAL_ROOT
     model: str = "hf:smollm2-135m-instruct"
     grader: str = "auto"
     generation: GenerationParams = msgspec.field(default_factory=GenerationParams)
@@ -141,6 +141,12 @@ class ItemResult(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int = 0
     truncated: bool = False
     category: str | None = None
+    # What a reader needs to judge the item (bounded by evalstream.common.evidence):
+    question: str | None = None
+    gold: str | None = None
+    prompt: str | None = None  # as rendered for the engine
+    detail: str | None = None  # the grader's reason (why wrong, how matched)
+    evidence: str | None = None  # what the grader saw run (a code test's output)
 
     @property
     def failed(self) -> bool:

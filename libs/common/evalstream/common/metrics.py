@@ -144,3 +144,8 @@ ROUTER_SLA_VIOLATION = Gauge(
     "SLA violation rate over 60 s (0.7 latency + 0.3 error violations) of the groups serving a model",
     ["model"],
 )
+ROUTER_SLA_TIER = Gauge(
+    "evalstream_router_sla_fallback_tier",
+    "SLA fallback tier in force for a model's opted-in runs (0: the model itself; k: k steps down ROUTER_FALLBACK)",
+    ["model"],
+)

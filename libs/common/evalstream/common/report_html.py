@@ -1,5 +1,7 @@
 """The run report as one self-contained HTML page: inline CSS and server-drawn inline SVG,
 no script and nothing fetched, so it opens anywhere (a browser, an S3 console, a mail).
+Its Content-Security-Policy (a <meta>, so that the copy in S3 and a file carry it too)
+forbids every script; the items it lists are hostile text (items_html).
 
 `collect()` reads what the page needs from PostgreSQL (the summary of reports.summarise
 plus a latency histogram, throughput over time and the failures, all aggregated in SQL so
@@ -21,12 +23,14 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.common import items, items_html
 from evalstream.common.reports import summarise
 
 # Latency histogram edges in ms: the Prometheus buckets (10 ms .. 60 s) and a few below, so
 # that cached and null-model answers (about 0 ms) show where they are.
 LATENCY_EDGES_MS = (1, 5, 10, 25, 50, 100, 250, 500, 800, 1000, 2500, 5000, 10000, 20000, 30000, 60000)
 MAX_FAILURES_SHOWN = 200
+STATIC_ITEMS_SHOWN = 100  # rows of the items table in a report file (each opens whole)
 TIMELINE_BUCKETS = 60
 Z95 = 1.959964
 
@@ -44,6 +48,9 @@ class ReportData:
     timeline: list[tuple[float, int, int]]  # (seconds since the run started, results, of which failed)
     failures: list[dict[str, Any]] = field(default_factory=list)
     generated_at: str = ""
+    items: items.ItemPage | None = None  # the first page, failed and wrong first
+    facets: dict[str, list[str]] = field(default_factory=dict)  # filter choices
+    live: bool = False  # served by the aggregator (filter form, links) vs a file
 
 
 def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
@@ -75,9 +82,14 @@ WHERE run_id = $1 AND error IS NOT NULL ORDER BY item_id LIMIT $2
 
 
 async def collect(
-    conn: asyncpg.Connection | asyncpg.Pool, run_id: str, summary: dict[str, Any] | None = None
+    conn: asyncpg.Connection | asyncpg.Pool,
+    run_id: str,
+    summary: dict[str, Any] | None = None,
+    *,
+    live: bool = False,
 ) -> ReportData:
-    """Raises KeyError for an unknown run (as summarise does)."""
+    """Raises KeyError for an unknown run (as summarise does). `live`: for the aggregator's
+    page (a page of clipped rows with links); else for a file (rows that open whole)."""
     summary = summary or await summarise(conn, run_id)
     edges = [float(e) for e in LATENCY_EDGES_MS]
     counts = [0] * (len(edges) + 1)
@@ -101,7 +113,13 @@ async def collect(
         # dense, so that a quiet stretch shows as zero instead of a line drawn across it
         timeline = [(b * step, *rows.get(b, (0, 0))) for b in range(max(rows, default=-1) + 1)]
     failures = [dict(r) for r in await conn.fetch(_FAILURES_SQL, run_id, MAX_FAILURES_SHOWN)]
+    first = await items.item_page(
+        conn, run_id, limit=items.PAGE_SIZE if live else STATIC_ITEMS_SHOWN, full=not live
+    )
     return ReportData(
+        items=first,
+        facets=await items.facets(conn, run_id) if live else {},
+        live=live,
         summary=summary,
         latency_counts=counts,
         timeline_step_s=step,
@@ -326,7 +344,8 @@ def _ms(v: float | None) -> str:
     return f"{v:.0f} ms" if v is not None else "n/a"
 
 
-_CSS = """
+_CSS = (
+    """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px auto;max-width:1080px;color:#222;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .sub{color:#666;font-size:13px}.cards{display:flex;flex-wrap:wrap;gap:10px;margin-top:16px}
@@ -337,6 +356,10 @@ td.err{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-
 .grid{display:grid;grid-template-columns:1fr;gap:8px}svg.chart{display:block;max-width:100%;height:auto}
 .meta td:first-child{color:#666;width:160px}
 """
+    + items_html.TABLE_CSS
+)
+CSP = items_html.content_security_policy(_CSS)
+CSP_HEADER = items_html.content_security_policy(_CSS, header=True)
 
 
 def render(data: ReportData) -> str:
@@ -426,12 +449,10 @@ def render(data: ReportData) -> str:
     )
     by_category = _breakdown_rows(s.get("by_category") or {})
     by_served = _breakdown_rows(s.get("by_served_by") or {})
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,">
-<title>{_e(title)}</title><style>{_CSS}</style></head>
-<body>
+    items_section = items_html.report_section(data.items, data.facets, live=data.live) if data.items else ""
+    return (
+        items_html.head(title, _CSS, CSP)
+        + f"""<body>
 <h1>Run {_e(s["run_id"])}{f" — {_e(s['name'])}" if s.get("name") else ""}</h1>
 <div class="sub">model {_e(s.get("model"))} · grader {_e(s.get("grader"))} · {_e(s.get("status"))}</div>
 <div class="cards">{cards}</div>
@@ -445,13 +466,21 @@ def render(data: ReportData) -> str:
 <div class="grid" id="throughput">{line_chart(throughput, label="throughput over time")}</div>
 <h2>Answer cache</h2>
 <div class="grid" id="cache">{bar_chart(cache_rows, label="cache hit rate")}</div>
+{items_section}
 <h2>Failures ({failed})</h2>
 {failures_html}
 <h2>Run</h2>
 <table class="meta">{meta}</table>
 </body></html>
 """
+    )
 
 
-async def render_run(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> str:
-    return render(await collect(conn, run_id))
+async def render_run(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    run_id: str,
+    summary: dict[str, Any] | None = None,
+    *,
+    live: bool = False,
+) -> str:
+    return render(await collect(conn, run_id, summary, live=live))

@@ -277,12 +277,15 @@ class Started(Generic[S]):
 M = TypeVar("M")
 
 
-async def decode_or_dead_letter(broker: KafkaBroker, record: Record, kind: type[M]) -> M | None:
-    """The record's body as a `kind`, or None once it is on eval.dlq: an undecodable message
-    (poison) is recorded and skipped, never allowed to stop its partition."""
+async def decode_or_dead_letter(
+    broker: KafkaBroker, record: Record, kind: type[M], decoder: Callable[[bytes], M] | None = None
+) -> M | None:
+    """The record's body as a `kind` (read by `decoder`, default: msgspec's), or None once it
+    is on eval.dlq: an undecodable message (poison) is recorded and skipped, never allowed to
+    stop its partition. Other exceptions of `decoder` propagate."""
     raw = record.value or b""
     try:
-        return decode(raw, kind)
+        return decoder(raw) if decoder is not None else decode(raw, kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         logging.getLogger("evalstream").warning(
             "undecodable %s at %s[%d]@%d dead-lettered: %s",

@@ -148,6 +148,14 @@ class WorkerSettings(ServiceSettings, DatabaseSettings, TestHookSettings, Worker
     # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
     # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
     sandbox_cgroup: str = ""
+    # The string graders run in this many child processes, each item under this deadline
+    # and each process under this address-space limit (worker/grading_pool.py).
+    grading_processes: int = 2
+    grading_timeout_s: float = 5.0
+    grading_memory_mb: int = 1024
+    # A work message delivered this many times without its offset being committed (its
+    # processing failed or overran the poll interval each time) is dead-lettered.
+    worker_max_deliveries: int = 3
 
     @property
     def resolved_worker_id(self) -> str:
@@ -190,6 +198,10 @@ class RouterSettings(ServiceSettings):
 @dataclass(frozen=True)
 class ProducerSettings(ServiceSettings, DatabaseSettings, S3Settings):
     evalstream_git_commit: str = ""  # the commit recorded in run manifests
+    # Jobs read datasets from the datasets bucket; local files only under this folder (empty:
+    # none), and no dataset larger than DATASET_MAX_BYTES (intake_limits.py).
+    dataset_local_root: str = ""
+    dataset_max_bytes: int = 268_435_456
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 
+from evalstream.common import providers
+
 DEFAULT_MODEL = "hf:smollm2-135m-instruct"
 BUNDLED_MODELS = ("smollm2-135m-instruct",)
 SCHEMES = ("hf", "openai", "replay", "null")
@@ -34,9 +36,13 @@ def spec_problem(spec: str) -> str | None:
     if scheme == "hf" and "/" not in rest and not rest.endswith(".gguf") and rest not in BUNDLED_MODELS:
         return f"unknown bundled model {rest!r} (bundled: {', '.join(BUNDLED_MODELS)}); give a directory or a .gguf file"
     if scheme == "openai":
-        model, at, url = rest.partition("@")
-        if not model or not at or not url.startswith(("http://", "https://")):
-            return f"model SPEC {spec!r}: expected openai:<model>@<http(s) base url>"
+        model, at, endpoint = rest.partition("@")
+        if not model or not at:
+            return f"model SPEC {spec!r}: expected openai:<model>@<http(s) base url or provider preset>"
+        try:
+            providers.expand_endpoint(endpoint)
+        except ValueError as exc:
+            return f"model SPEC {spec!r}: {exc}"
     return None
 
 

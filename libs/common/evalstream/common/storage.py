@@ -49,10 +49,11 @@ def put_file(s3: Minio, bucket: str, name: str, f: BinaryIO, content_type: str) 
     s3.put_object(bucket, name, f, size, content_type=content_type)
 
 
-def get_bytes(s3: Minio, bucket: str, name: str) -> bytes:
+def get_bytes(s3: Minio, bucket: str, name: str, *, max_bytes: int | None = None) -> bytes:
+    """The object's bytes (at most `max_bytes` of them)."""
     resp = s3.get_object(bucket, name)
     try:
-        return resp.read()
+        return resp.read(max_bytes)
     finally:
         resp.close()
         resp.release_conn()

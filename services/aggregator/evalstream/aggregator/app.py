@@ -1,14 +1,14 @@
 """The aggregator service: eval.results and eval.dlq -> PostgreSQL + S3, run completion.
 
 Per batch of messages: one database transaction (store.py), then the touched shards'
-Parquet files and the completion of the runs that have every result (completion.py); only
-then are offsets committed.
+Parquet files, their rows in the Delta Lake table and the completion of the runs that have
+every result (completion.py); only then are offsets committed. The HTTP pages (report,
+item browser, compare) are web.py's.
 """
 
 from __future__ import annotations
 
 import logging
-import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,13 +16,13 @@ from typing import Any
 
 import asyncpg
 from faststream import AckPolicy
-from faststream.asgi import AsgiResponse
 from faststream.kafka.annotations import KafkaMessage
 
+from evalstream.aggregator import delta, web
 from evalstream.aggregator.completion import Completion, written_results
 from evalstream.aggregator.dead_letters import read_dead_letters
 from evalstream.aggregator.store import ResultStore
-from evalstream.common import db, report_html, service, storage, telemetry, topics
+from evalstream.common import db, service, storage, telemetry, topics
 from evalstream.common.messages import ItemResult, ShardResult
 from evalstream.common.settings import AggregatorSettings
 from evalstream.common.testhooks import CrashPoints
@@ -87,24 +87,14 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     await aggregator.completion.after_write({(f.run_id, f.shard_id) for f in failures})
 
 
-async def report_page(scope: Any, receive: Any, send: Any) -> None:
-    """GET /runs/<run_id>/report.html: the run's report, rendered from the database now."""
-    parts = scope["path"].split("/")
-    response = AsgiResponse(b"not found\n", 404)
-    if scope["method"] in ("GET", "HEAD") and len(parts) == 4 and parts[3] == "report.html":
-        try:
-            page = await report_html.render_run(running.get().pool, urllib.parse.unquote(parts[2]))
-            response = AsgiResponse(page.encode(), 200, {"content-type": "text/html; charset=utf-8"})
-        except KeyError:
-            response = AsgiResponse(b"no such run\n", 404)
-    await response(scope, receive, send)
-
-
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
     store = ResultStore(pool)
-    completion = Completion(store, storage.client(settings), settings.s3_bucket_results)
+    table = delta.DeltaMirror(
+        delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), pool
+    )
+    completion = Completion(store, storage.client(settings), settings.s3_bucket_results, table, crash_points)
     running.set(AggregatorState(pool=pool, store=store, completion=completion))
     try:
         yield
@@ -116,5 +106,5 @@ app = service.make_app(
     broker,
     lifespan=lifespan,
     ready_checks=[service.database_ready(lambda: running.get().pool)],
-    prefix_routes=[("/runs/", report_page)],
+    prefix_routes=web.routes(lambda: running.get().pool),  # report, item browser, compare pages
 )

@@ -1,6 +1,6 @@
-"""After a write: the touched shards are mirrored to Parquet in S3, then every run that has
-all its results is completed (status, summary, report.json and report.html), and the
-metrics count what the write added."""
+"""After a write: the touched shards are mirrored to Parquet in S3 and to the Delta Lake
+table (delta.py), then every run that has all its results is completed (status, summary,
+report.json, report.html, the table compacted), and the metrics count what the write added."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from minio import Minio
 
 from evalstream.aggregator import objects
+from evalstream.aggregator.delta import DeltaMirror
 from evalstream.aggregator.store import ResultStore
 from evalstream.common import report_html, storage
 from evalstream.common.messages import ItemResult
@@ -25,6 +26,7 @@ from evalstream.common.metrics import (
     STAGE_LATENCY,
     forget_run,
 )
+from evalstream.common.testhooks import CrashPoints
 
 log = logging.getLogger("evalstream.aggregator")
 # Run-labelled series live this long after their run completed (boards show the finished
@@ -44,10 +46,14 @@ def written_results(results: list[ItemResult], written: set[tuple[str, str]]) ->
 
 
 class Completion:
-    def __init__(self, store: ResultStore, s3: Minio, bucket: str) -> None:
+    def __init__(
+        self, store: ResultStore, s3: Minio, bucket: str, delta: DeltaMirror, crash_points: CrashPoints
+    ) -> None:
         self.store = store
         self.s3 = s3
         self.bucket = bucket
+        self.delta = delta  # the Delta Lake table of results (delta.py)
+        self.crash_points = crash_points  # test-only (FAULT_INJECT)
         # Read and upload under one lock: the results and dead-letter handlers can touch
         # the same shard at once, and the later upload must carry the later rows.
         self._mirror_lock = asyncio.Lock()
@@ -68,6 +74,8 @@ class Completion:
                 for (run_id, shard_id), rows in sorted(by_shard.items())
             )
         )
+        await self.delta.write(by_shard)
+        self.crash_points.reach("aggregator_exit_after_delta")
 
     async def maybe_complete(self, run_id: str) -> None:
         status, total, done = await self.store.progress(run_id)
@@ -82,6 +90,8 @@ class Completion:
         await self.save_report_html(run_id, summary)
         RUN_ACCURACY.labels(run_id=run_id).set(summary["accuracy"] or 0.0)
         if first:  # one handler completes a run, even when results and dead letters race
+            async with self._mirror_lock:  # the table has one writer at a time
+                await self.delta.compact(run_id)
             asyncio.get_running_loop().call_later(RUN_SERIES_TTL_S, forget_run, run_id)
             RUNS.labels(outcome="completed").inc()
             log.info("run %s completed: %d items, accuracy %s", run_id, total, summary["accuracy"])

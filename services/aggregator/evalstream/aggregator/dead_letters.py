@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import msgspec
 
 from evalstream.aggregator.store import DeadLetterRecord
+from evalstream.common import evidence
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import ItemResult, Shard, decode
 from evalstream.common.service import Record
@@ -61,6 +62,8 @@ def failed_results(shard: Shard, error: str, attempts: int) -> list[ItemResult]:
             attempts=attempts,
             served_by=served_by,
             category=item.category,
+            question=evidence.question_of(item),
+            gold=evidence.gold_of(item),
         )
         for item in shard.items
     ]

@@ -36,6 +36,11 @@ RESULT_COLUMNS = (
     "completion_tokens",
     "truncated",
     "category",
+    "question",
+    "gold",
+    "prompt",
+    "detail",
+    "evidence",
 )
 _TYPES = {
     "correct": "boolean",

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.common import db, keys, service, storage, topics
+from evalstream.common import db, intake_limits, keys, service, storage, topics
+from evalstream.common.contract import JobRejected, decode_job
 from evalstream.common.messages import JobSpec
 from evalstream.common.metrics import RUNS
 from evalstream.common.settings import ProducerSettings
@@ -29,16 +31,27 @@ intake = service.Started[Intake]()
 @service.backoff_on_error(2.0)
 async def on_job(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
-    job = await service.decode_or_dead_letter(broker, record, JobSpec)
+    derived_id = keys.run_id_for_message(record.topic, record.partition, record.offset)
+    try:
+        job = await service.decode_or_dead_letter(broker, record, JobSpec, decode_job)
+    except JobRejected as exc:
+        # A JSON object that is not a valid job (a misspelt field, a wrong type): a run
+        # recorded as rejected, with the fields named, and nothing published.
+        RUNS.labels(outcome=await intake.get().reject_undecodable(exc.run_id or derived_id, exc)).inc()
+        return
     if job is None:  # garbage on eval.jobs never stops the producer: it is a dead letter
         RUNS.labels(outcome="undecodable").inc()
         return
-    run_id = job.run_id or keys.run_id_for_message(record.topic, record.partition, record.offset)
+    if job.run_id is not None and (problem := intake_limits.plain_name_problem(job.run_id, "run_id")):
+        # an id that would become S3 keys: the run is recorded under one derived from the message
+        rejected = JobRejected([("run_id", problem)], None, msgspec.to_builtins(job))
+        RUNS.labels(outcome=await intake.get().reject_undecodable(derived_id, rejected)).inc()
+        return
 
     async def publish(payload: bytes, key: str) -> None:
         await broker.publish(payload, topics.SHARDS, key=key.encode())
 
-    outcome = await intake.get().handle(job, run_id, publish)
+    outcome = await intake.get().handle(job, job.run_id or derived_id, publish)
     RUNS.labels(outcome=outcome).inc()
 
 

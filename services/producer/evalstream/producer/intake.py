@@ -10,18 +10,17 @@ import asyncio
 import itertools
 import json
 import logging
-import os
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import asyncpg
 import msgspec
 from minio import Minio
 
-from evalstream.common import keys, storage
+from evalstream.common import intake_limits, keys, storage
+from evalstream.common.contract import JobRejected
 from evalstream.common.messages import Item, JobSpec, Shard, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import ProducerSettings
@@ -66,6 +65,7 @@ def job_problems(job: JobSpec) -> list[Problem]:
             Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}")
         )
     out += [Problem(line=None, field="retry", message=m) for m in job.retry.problems()]
+    out += [Problem(line=None, field=f, message=m) for f, m in intake_limits.job_limit_problems(job)]
     if (
         job.prompt_template is not None
         and "{question}" not in job.prompt_template
@@ -75,14 +75,6 @@ def job_problems(job: JobSpec) -> list[Problem]:
             Problem(line=None, field="prompt_template", message="template has no {question} placeholder")
         )
     return out
-
-
-def read_dataset(uri: str, s3: Minio) -> tuple[bytes, str]:
-    """The dataset's bytes and file name, from s3://bucket/key or a local path."""
-    if uri.startswith("s3://"):
-        bucket, key = storage.parse_s3_uri(uri)
-        return storage.get_bytes(s3, bucket, key), os.path.basename(key)
-    return Path(uri).read_bytes(), os.path.basename(uri)
 
 
 def chunk_items(items: list[Item], max_items: int, max_bytes: int) -> list[list[Item]]:
@@ -221,21 +213,58 @@ class Intake:
         log.info("run %s: %d items in %d shards published", run_id, len(loaded.items), len(shards))
         return "running"
 
+    async def reject_undecodable(self, run_id: str, rejected: JobRejected) -> str:
+        """Records a job that broke the job contract as a rejected run (the run's problems
+        name the fields); a run of that id that already exists is left as it is."""
+        problems = Rejection([Problem(line=None, field=f, message=m) for f, m in rejected.problems])
+
+        def text(key: str) -> str:
+            value = rejected.job.get(key)
+            return value if isinstance(value, str) else ""
+
+        spec = msgspec.json.encode(rejected.job).decode()
+        if "\\u0000" in spec:  # PostgreSQL's jsonb refuses NUL: keep the job as text
+            spec = json.dumps({"rejected_job": spec.replace("\\u0000", "")})
+        status = await self.pool.fetchval(
+            "INSERT INTO runs (run_id, name, status, model, grader, spec, dataset_uri, problems)"
+            " VALUES ($1, $2, 'rejected', $3, $4, $5, $6, $7) ON CONFLICT (run_id) DO NOTHING"
+            " RETURNING status",
+            run_id,
+            text("name")[:200] or None,
+            text("model")[:500],
+            text("grader")[:500],
+            spec,
+            text("dataset")[:2000] or None,
+            problems.as_json(),
+        )
+        if status is None:
+            log.warning("job for existing run %s broke the job contract; run left as it is", run_id)
+            return "duplicate"
+        log.info("run %s rejected: %s", run_id, rejected)
+        return "rejected"
+
     async def _validate(self, job: JobSpec) -> LoadedDataset | Rejection:
         problems = job_problems(job)
-        try:
-            data, filename = await asyncio.to_thread(read_dataset, job.dataset, self.s3)
+        if any(p.field == "job" for p in problems):  # too big to publish in shards: read nothing
+            return Rejection(problems)
+        try:  # only from the datasets bucket (or DATASET_LOCAL_ROOT), capped in size
+            data, filename = await asyncio.to_thread(
+                intake_limits.read_dataset, job.dataset, self.s3, self.settings
+            )
         except (OSError, ValueError, storage.S3Error) as exc:
             return Rejection(
                 [
                     *problems,
                     Problem(
-                        line=None, field="dataset", message=f"cannot read dataset {job.dataset!r}: {exc}"
+                        line=None,
+                        field="dataset",
+                        message=f"cannot read dataset {job.dataset[:200]!r}: {exc}",
                     ),
                 ]
             )
         try:
-            loaded = await asyncio.to_thread(load_dataset, data, filename)
+            item_limit = intake_limits.max_item_bytes(job)  # an item and the job share a message
+            loaded = await asyncio.to_thread(load_dataset, data, filename, max_item_bytes=item_limit)
         except DatasetError as exc:
             return Rejection([*problems, *exc.problems])
         return Rejection(problems) if problems else loaded

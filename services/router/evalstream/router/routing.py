@@ -17,7 +17,7 @@ import enum
 from dataclasses import dataclass
 
 from evalstream.common.messages import Heartbeat, Shard
-from evalstream.common.metrics import ROUTER_POLICY_WEIGHT, ROUTER_SLA_VIOLATION
+from evalstream.common.metrics import ROUTER_POLICY_WEIGHT, ROUTER_SLA_TIER, ROUTER_SLA_VIOLATION
 from evalstream.common.settings import RouterSettings
 from evalstream.router import policy as policies
 from evalstream.router import sla
@@ -94,8 +94,10 @@ class Router:
         rate = self.sla.rate(
             self.fleet.serving(model), now, self.config.sla_p95_ms, self.config.sla_max_error_rate
         )
+        level = sla.tier(rate, list(self.config.sla_tiers))
         ROUTER_SLA_VIOLATION.labels(model=model).set(rate)
-        return sla.tier(rate, list(self.config.sla_tiers))
+        ROUTER_SLA_TIER.labels(model=model).set(level)
+        return level
 
     def decide(self, shard: Shard, now: float) -> Placement | Blocked:
         models, level = [shard.model], 0

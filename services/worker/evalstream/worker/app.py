@@ -22,12 +22,14 @@ from evalstream.common import db, logs, service, telemetry, topics
 from evalstream.common.messages import Shard
 from evalstream.common.metrics import SHARDS, STAGE_LATENCY
 from evalstream.common.settings import WorkerSettings
+from evalstream.common.testhooks import CrashPoints
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.cache import AnswerCache
 from evalstream.worker.engine_registry import Engines
 from evalstream.worker.heartbeats import Heartbeats
 from evalstream.worker.publishing import OutcomePublisher
-from evalstream.worker.runner import ModelRunner, RunnerConfig
+from evalstream.worker.redelivery import Redeliveries
+from evalstream.worker.runner import start_runner
 from evalstream.worker.state import ModelLoad, WorkerState
 
 settings = WorkerSettings.from_env()
@@ -37,6 +39,8 @@ engines = Engines(settings)
 state = WorkerState(model=ModelLoad(engines, settings.worker_model))
 heartbeats = Heartbeats(broker, settings, worker_id, state, engines)
 publisher = OutcomePublisher(broker, worker_id=worker_id, group=settings.worker_group)
+redeliveries = Redeliveries(broker, settings.worker_max_deliveries)
+test_hooks = CrashPoints(settings.fault_inject)  # test-only: worker_fail_item
 CONSUMER_GROUP = topics.worker_consumer_group(settings.worker_group)
 ROUND_FETCH_BYTES = 256 * 1024  # ≈ WORKER_MAX_SHARDS shards of a few dozen short questions
 
@@ -70,8 +74,13 @@ async def on_shards(msg: KafkaMessage) -> None:
     now = time.time()
     for record in records:  # broker timestamp of the router's publish -> picked up here
         STAGE_LATENCY.labels(stage="queue_wait").observe(max(0.0, now - record.timestamp / 1000))
+    keep = await redeliveries.admit(records)  # poison shards: dead-lettered, not handled
+    records = tuple(record for record, _ in keep)
     with telemetry.consume_spans(records, CONSUMER_GROUP) as spans:
-        await handle_shards(records, spans)
+        if any(n > 1 for _, n in keep):
+            await redeliveries.one_by_one(keep, spans, handle_shards)  # find which shard fails
+        elif records:
+            await handle_shards(records, spans)
 
 
 async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) -> None:
@@ -82,6 +91,7 @@ async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) 
         if shard is None:
             SHARDS.labels(service="worker", outcome="undecodable").inc()
             continue
+        test_hooks.fail_on_items((i.id for i in shard.items), f"shard {shard.shard_id}")
         shards.append(shard)
         span_of[shard.shard_id] = span
         span.set_attribute("evalstream.shard_id", shard.shard_id)
@@ -120,31 +130,19 @@ async def lifespan() -> AsyncIterator[None]:
         if pool is not None:
             await pool.close()
         raise
-    config = RunnerConfig(
-        group=settings.worker_group,
-        token_budget=settings.batch_token_budget,
-        max_items=settings.batch_max_items,
-    )
-    state.runner = ModelRunner(config, engines, AnswerCache(pool))
+    state.runner = await start_runner(settings, engines, AnswerCache(pool))
     try:
         yield
     finally:
         await pool.close()
         engines.close()
-
-
-async def mark_consuming() -> None:
-    state.consuming = True
-
-
-async def model_loaded() -> bool:
-    return state.model.ready
+        await state.runner.close_grading()
 
 
 app = service.make_app(
     broker,
     lifespan=lifespan,
-    ready_checks=[model_loaded],
-    after_startup=[mark_consuming],
+    ready_checks=[state.model.loaded],
+    after_startup=[state.mark_consuming],
     on_shutdown=[heartbeats.say_stopped],
 )

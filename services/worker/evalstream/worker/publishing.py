@@ -30,6 +30,8 @@ def result_messages(payload: ShardResult) -> list[bytes]:
             r,
             response=(r.response or "")[: MESSAGE_BUDGET_BYTES // 8] + "\n[truncated to fit a message]",
             extracted=(r.extracted or "")[:1000] or None,
+            prompt=(r.prompt or "")[:1000] or None,
+            evidence=(r.evidence or "")[:1000] or None,
         )
         return [encode(msgspec.structs.replace(payload, results=[cut]))]
     half = len(payload.results) // 2

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import msgspec
 
-from evalstream.common import telemetry
+from evalstream.common import evidence, telemetry
 from evalstream.common.keys import cache_key
 from evalstream.common.messages import Item, ItemResult, Shard
 from evalstream.common.metrics import (
@@ -30,17 +30,21 @@ from evalstream.common.metrics import (
     STAGE_LATENCY,
     TOKENS,
 )
+from evalstream.common.settings import WorkerSettings
 from evalstream.worker.batching import padding_ratio, plan_batches
 from evalstream.worker.cache import AnswerCache, CachedAnswer
 from evalstream.worker.engines.base import Engine, EngineError, GenOutput, GenRequest, TransientEngineError
 from evalstream.worker.grading import get_grader, resolve_grader
+from evalstream.worker.grading.base import Grade
+from evalstream.worker.grading_pool import GradeTask, GradingPool, GradingUnavailable
 from evalstream.worker.prompting import build_messages
 from evalstream.worker.sandbox import SandboxUnavailable
 
 log = logging.getLogger("evalstream.worker")
 GRADING_THREADS = 8
-# Graders that run programs or wait on a model go to threads; the rest are microseconds of
-# string work, cheaper inline than a thread hand-off per item.
+# Graders that run programs or wait on a model go to threads; the rest is string work on
+# untrusted text, done in the grading pool's processes under a per-item deadline (or inline
+# where a runner has no pool: tests of the runner alone).
 BLOCKING_GRADERS = frozenset({"code", "judge"})
 
 
@@ -79,11 +83,33 @@ class RunnerConfig:
     max_items: int = 64
 
 
+async def start_runner(
+    settings: WorkerSettings, engine_for: Callable[[str], Engine], cache: AnswerCache | None
+) -> ModelRunner:
+    """The worker's runner, with its grading pool's processes started (the string graders run
+    off this process, each item under GRADING_TIMEOUT_S); `close_grading` stops them."""
+    grading = GradingPool(
+        settings.grading_processes, settings.grading_timeout_s, settings.grading_memory_mb * 1024 * 1024
+    )
+    await asyncio.to_thread(grading.start)
+    config = RunnerConfig(
+        group=settings.worker_group,
+        token_budget=settings.batch_token_budget,
+        max_items=settings.batch_max_items,
+    )
+    return ModelRunner(config, engine_for, cache, grading)
+
+
 class ModelRunner:
     def __init__(
-        self, config: RunnerConfig, engine_for: Callable[[str], Engine], cache: AnswerCache | None
+        self,
+        config: RunnerConfig,
+        engine_for: Callable[[str], Engine],
+        cache: AnswerCache | None,
+        grading: GradingPool | None = None,
     ) -> None:
         self.config = config
+        self.grading = grading
         self.engine_for = engine_for
         self.cache = cache
         self.busy_s = 0.0
@@ -93,6 +119,11 @@ class ModelRunner:
         self.recent_errors = 0
         self.recent_items = 0
         self._grading_pool: ThreadPoolExecutor | None = None
+
+    async def close_grading(self) -> None:
+        """Stops the grading pool's processes (the worker's shutdown)."""
+        if self.grading is not None:
+            await asyncio.to_thread(self.grading.close)
 
     async def run(self, shards: list[Shard]) -> Outcome:
         outcome = Outcome(results={s.shard_id: [] for s in shards})
@@ -239,9 +270,11 @@ class ModelRunner:
         self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
     ) -> tuple[list[ItemResult], list[Failure]]:
         blocking = [e for e in answered if e[0].grader.split(":", 1)[0] in BLOCKING_GRADERS]
-        graded = [
-            self._grade_one(e) for e in answered if e[0].grader.split(":", 1)[0] not in BLOCKING_GRADERS
-        ]
+        strings = [e for e in answered if e[0].grader.split(":", 1)[0] not in BLOCKING_GRADERS]
+        if self.grading is None:
+            graded = [self._grade_one(e) for e in strings]
+        else:
+            graded = self._grade_in_pool(self.grading, strings)
         if blocking:
             # a few threads: code runs in sandbox processes and a judge waits on its model
             if self._grading_pool is None:
@@ -249,8 +282,25 @@ class ModelRunner:
             graded += self._grading_pool.map(self._grade_one, blocking)
         return [g for g in graded if isinstance(g, ItemResult)], [g for g in graded if isinstance(g, Failure)]
 
+    def _grade_in_pool(
+        self, pool: GradingPool, entries: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
+    ) -> list[ItemResult | Failure]:
+        """Graded in the pool's processes. A reply's error (a grader that failed, overran its
+        deadline or crashed) fails its item for good: the same answer would do it again."""
+        tasks = [GradeTask(e[0].grader, e[1].response, e[0].item) for e in entries]
+        try:
+            replies = pool.grade(tasks)
+        except GradingUnavailable as exc:  # this worker's fault: another attempt may go elsewhere
+            return [Failure(e[0].shard, e[0].item, f"{type(exc).__name__}: {exc}", True) for e in entries]
+        return [
+            self._result(e, r.grade)
+            if r.grade is not None
+            else Failure(e[0].shard, e[0].item, r.error or "", False)
+            for e, r in zip(entries, replies, strict=True)
+        ]
+
     def _grade_one(self, entry: tuple[_Pending, CachedAnswer, float, bool, bool]) -> ItemResult | Failure:
-        p, answer, latency_ms, cache_hit, truncated = entry
+        p, answer = entry[0], entry[1]
         try:
             # Graders clean what they read themselves (think blocks, fences): cleaning here
             # would strip a code body's first-line indentation.
@@ -261,6 +311,10 @@ class ModelRunner:
             return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", True)
         except Exception as exc:  # an item that cannot be graded must not sink its shard
             return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", False)
+        return self._result(entry, grade)
+
+    def _result(self, entry: tuple[_Pending, CachedAnswer, float, bool, bool], grade: Grade) -> ItemResult:
+        p, answer, latency_ms, cache_hit, truncated = entry
         return ItemResult(
             run_id=p.shard.run_id,
             item_id=p.item.id,
@@ -278,6 +332,11 @@ class ModelRunner:
             completion_tokens=answer.completion_tokens,
             truncated=truncated,
             category=p.item.category,
+            question=evidence.question_of(p.item),
+            gold=evidence.gold_of(p.item),
+            prompt=evidence.clip(p.prompt, evidence.MAX_PROMPT_CHARS),
+            detail=evidence.clip(grade.detail, evidence.MAX_DETAIL_CHARS),
+            evidence=evidence.clip(grade.evidence, evidence.MAX_EVIDENCE_CHARS),
         )
 
     def _update_busy(self) -> None:

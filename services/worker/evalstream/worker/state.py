@@ -45,6 +45,10 @@ class ModelLoad:
             raise RuntimeError("the model load has not started (lifespan not entered)")
         await asyncio.shield(self._task)
 
+    async def loaded(self) -> bool:
+        """The readiness check: the main model is loaded."""
+        return self.ready
+
     async def _load(self) -> None:
         if self.spec:
             t0 = time.monotonic()
@@ -69,6 +73,10 @@ class WorkerState:
     consuming: bool = False  # the subscriber has joined its group
     draining: bool = False  # shutdown has begun
     in_flight: int = 0  # shards of the round being run
+
+    async def mark_consuming(self) -> None:
+        """After startup: the subscriber has joined its group."""
+        self.consuming = True
 
     def status(self) -> WorkerStatus:
         """What heartbeats say: routers send shards to starting and ready workers alike."""

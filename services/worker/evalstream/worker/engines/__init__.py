@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalstream.common import providers
 from evalstream.common.settings import WorkerSettings
 from evalstream.worker.engines.base import (
     Engine,
@@ -98,9 +99,14 @@ def parse_spec(spec: str) -> ParsedSpec:
     if scheme == "replay" and not target.endswith(".jsonl"):
         raise EngineConfigError(f"model spec {spec!r}: replay needs a .jsonl file")
     if scheme == "openai":
-        model, at, base_url = target.rpartition("@")
-        if not at or not model or not base_url.startswith(("http://", "https://")):
-            raise EngineConfigError(f"model spec {spec!r}: expected openai:<model>@<http(s) base_url>")
+        model, at, endpoint = target.rpartition("@")
+        expected = "expected openai:<model>@<http(s) base_url or provider preset>"
+        if not at or not model:
+            raise EngineConfigError(f"model spec {spec!r}: {expected}")
+        try:
+            providers.expand_endpoint(endpoint)
+        except ValueError as exc:
+            raise EngineConfigError(f"model spec {spec!r}: {expected}: {exc}") from None
         from evalstream.worker.engines.openai import OpenAIConfigError, parse_target
 
         try:

@@ -3,7 +3,12 @@
 
     openai:deepseek-chat@https://api.deepseek.com/v1?rps=5&rpm=200&concurrency=8&key_env=DEEPSEEK_API_KEY
 
-Options, from the SPEC's query string, else the worker's environment, else the default:
+`<base_url>` may be a provider preset's name (libs/common/evalstream/common/providers.py):
+`openai:deepseek-chat@deepseek` is DeepSeek's API with its documented limits (10 requests/s,
+1,000/min, 30 s timeout, 3 retries, key in DEEPSEEK_API_KEY).
+
+Options, from the SPEC's query string, else the preset's, else the worker's environment,
+else the default:
 
     concurrency  OPENAI_CONCURRENCY  8    most requests in flight: the adaptive limit's ceiling
     rps          OPENAI_RPS          0    requests per second (0: unlimited)
@@ -55,6 +60,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
+from evalstream.common import providers
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.metrics import API_CONCURRENCY, API_REQUESTS, API_RETRIES
 from evalstream.worker.engines.base import (
@@ -111,12 +117,18 @@ _MINIMUMS = {"concurrency": 1, "rps": 0, "rpm": 0, "timeout_s": 0.001, "max_retr
 
 
 def parse_target(target: str, env: Mapping[str, str] | None = None) -> OpenAIConfig:
-    """`<model>@<base_url>[?options]` (what follows "openai:") -> config, options from the
-    query, else from `env` (default: os.environ). Raises OpenAIConfigError."""
+    """`<model>@<base_url or preset>[?options]` (what follows "openai:") -> config, options
+    from the query, else the preset, else `env` (default: os.environ). Raises
+    OpenAIConfigError."""
     env = os.environ if env is None else env
-    model, at, url = target.strip().rpartition("@")
-    if not at or not model or not url.startswith(("http://", "https://")):
-        raise OpenAIConfigError(f"expected <model>@<http(s) base_url>, got {target!r}")
+    model, at, endpoint = target.strip().rpartition("@")
+    if not at or not model:
+        raise OpenAIConfigError(f"expected <model>@<http(s) base_url or provider preset>, got {target!r}")
+    try:
+        url, preset = providers.expand_endpoint(endpoint)
+    except ValueError as exc:
+        raise OpenAIConfigError(str(exc)) from None
+    preset_values = preset.options() if preset else {}
     parts = urlsplit(url)
     if not parts.netloc:
         raise OpenAIConfigError(f"base url {url!r} names no host")
@@ -126,7 +138,12 @@ def parse_target(target: str, env: Mapping[str, str] | None = None) -> OpenAICon
         raise OpenAIConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)}")
     values: dict[str, Any] = {}
     for option, (field, env_name, kind) in _OPTIONS.items():
-        raw = query.get(option, env.get(env_name) if env_name else None)
+        raw = query.get(option)
+        if (raw is None or raw == "") and field in preset_values:
+            values[field] = preset_values[field]
+            continue
+        if raw is None or raw == "":
+            raw = env.get(env_name) if env_name else None
         if raw is None or raw == "":
             continue
         try:

@@ -14,6 +14,7 @@ class Grade(msgspec.Struct, frozen=True, kw_only=True):
     correct: bool
     score: float  # 0..1
     detail: str | None = None  # why it is wrong, or how it was matched when that is not obvious
+    evidence: str | None = None  # what the grader ran and saw (a code test's output)
 
 
 class Grader(Protocol):

@@ -8,10 +8,10 @@ from typing import Any
 
 # Changing the cleaning changes grades: bump CLEAN_VERSION in evalstream.common.versions.
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S | re.I)
-_THINK_CLOSE = re.compile(r"</think>", re.I)
-_THINK_OPEN = re.compile(r"<think>", re.I)
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)  # unclosed: to the end
+# Responses are untrusted and may be huge: every scan here is linear in the text (no pattern
+# that can backtrack over a long run), e.g. "<think>" * 15000 or "```" + "a" * 50000.
+_THINK_TAG = re.compile(r"<(/?)think>", re.I)
+_FENCE_INFO = re.compile(r"[ \t]*+([\w+#.-]*+)")  # the language tag on a fence's first line
 _PYTHON_LANGS = {"", "python", "py", "python3"}
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 _JSON_LANGS = {"", "json", "jsonc", "json5"}
@@ -28,14 +28,32 @@ def strip_think(text: str) -> str:
     open the block in the prompt, as DeepSeek-R1's does), and everything from an unclosed
     <think> on (reasoning cut off by max_tokens, so no answer was given).
     """
-    text = _THINK_BLOCK.sub("", text)
-    closes = list(_THINK_CLOSE.finditer(text))
-    if closes:
-        text = text[closes[-1].end() :]
-    opened = _THINK_OPEN.search(text)
+    text = _without_think_blocks(text)
+    last_close = None
+    for tag in _THINK_TAG.finditer(text):
+        if tag[1]:
+            last_close = tag
+    if last_close is not None:
+        text = text[last_close.end() :]
+    opened = _THINK_TAG.search(text)  # no close is left: any tag is an opening one
     if opened:
         text = text[: opened.start()]
     return text
+
+
+def _without_think_blocks(text: str) -> str:
+    """Every <think>...</think> removed, each opening tag paired with the first closing tag
+    after it (as a lazy regex would pair them), in one pass over the tags."""
+    kept: list[str] = []
+    pos = 0  # end of the last removed block
+    opened: int | None = None  # start of an opening tag waiting for its close
+    for tag in _THINK_TAG.finditer(text):
+        if opened is None and not tag[1]:
+            opened = tag.start()
+        elif opened is not None and tag[1]:
+            kept.append(text[pos:opened])
+            pos, opened = tag.end(), None
+    return "".join(kept) + text[pos:] if kept else text
 
 
 def clean_response(text: str) -> str:
@@ -55,12 +73,32 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
     whole text when there are no fences. Leading blank lines and trailing whitespace are
     dropped but not the first line's indentation: a HumanEval completion that does not define
     `entry_point` is a body continuation, which the code_exec grader appends to the prompt."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    blocks = [(lang.lower(), body) for lang, body in fenced_blocks(text)]
     if not blocks:
         return _trim(text)
     candidates = [body for lang, body in blocks if lang in _PYTHON_LANGS] or [body for _, body in blocks]
     chosen = next((b for b in candidates if entry_point and defines(b, entry_point)), candidates[0])
     return _trim(chosen)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language tag, body) of every ``` block, left to right; an unclosed one runs to the end.
+    A fence opens at ```, its tag is the word after it, the rest of that line is ignored, and
+    the body starts on the next line."""
+    blocks: list[tuple[str, str]] = []
+    pos = 0
+    while (start := text.find("```", pos)) >= 0:
+        newline = text.find("\n", start + 3)
+        if newline < 0:  # no line break after this fence, so none after any later one either
+            break
+        info = _FENCE_INFO.match(text, start + 3, newline)
+        lang = info[1] if info else ""
+        end = text.find("```", newline + 1)
+        blocks.append((lang, text[newline + 1 : end if end >= 0 else len(text)]))
+        if end < 0:
+            break
+        pos = end + 3
+    return blocks
 
 
 def _trim(code: str) -> str:
@@ -73,7 +111,7 @@ def extract_json(text: str) -> dict[str, Any] | list[Any] | None:
     {"a": 1} Hope it helps." -> {"a": 1}); None when there is none. Scalars are not
     extracted: a bare number or word in prose is not a JSON answer."""
     text = strip_think(text)[:_MAX_JSON_SCAN]
-    fenced = [body for lang, body in _FENCE.findall(text) if lang.lower() in _JSON_LANGS]
+    fenced = [body for lang, body in fenced_blocks(text) if lang.lower() in _JSON_LANGS]
     for body in reversed(fenced):
         found = _json_values(body)
         if found:

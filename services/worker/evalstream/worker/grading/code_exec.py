@@ -87,6 +87,17 @@ def failure_reason(result: SandboxResult, limits: Limits, program: str = "") -> 
     return reason[:MAX_DETAIL]
 
 
+def test_output(result: SandboxResult) -> str:
+    """What the tests printed (the sandbox keeps bounded tails), for a reader to see why."""
+    status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+    parts = [f"{status} after {result.duration_s:.2f} s"]
+    if result.stdout_tail.strip():
+        parts.append(f"--- stdout ---\n{result.stdout_tail.rstrip()}")
+    if result.stderr_tail.strip():
+        parts.append(f"--- stderr ---\n{result.stderr_tail.rstrip()}")
+    return "\n".join(parts)
+
+
 def code_exec(limits: Limits = DEFAULT_LIMITS) -> Grader:
     """Raises SandboxUnavailable (a worker fault, not a wrong answer) where bwrap cannot run."""
 
@@ -105,6 +116,7 @@ def code_exec(limits: Limits = DEFAULT_LIMITS) -> Grader:
             correct=result.passed,
             score=float(result.passed),
             detail=None if result.passed else failure_reason(result, limits, program),
+            evidence=test_output(result),
         )
 
     return grade

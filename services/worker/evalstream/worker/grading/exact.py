@@ -43,8 +43,32 @@ def problem(item: Item) -> str | None:
 
 def contains_word(text: str, word: str) -> bool:
     """`word` in `text` (both normalised) as a whole word: not inside a longer word, and a
-    number not followed by its decimals ("42" is not in "42.5")."""
-    return re.search(rf"(?<!\w){re.escape(word)}(?!\w|[.,]\d)", text) is not None
+    number not followed by its decimals ("42" is not in "42.5").
+
+    str.find, not a regex: both sides are untrusted and may be long (a regex for the word
+    compares it at every position of the text; find is linear in both)."""
+    if not word:
+        return False
+    start = text.find(word)
+    while start >= 0:
+        end = start + len(word)
+        if not (start and _is_word_char(text[start - 1])) and not _continues(text, end):
+            return True
+        start = text.find(word, start + 1)
+    return False
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"  # Python's \w
+
+
+def _continues(text: str, end: int) -> bool:
+    """Whether text[end:] continues a word or a number ("42" followed by ".5" or ",000")."""
+    if end >= len(text):
+        return False
+    return _is_word_char(text[end]) or (
+        text[end] in ".," and end + 1 < len(text) and text[end + 1].isdecimal()
+    )
 
 
 def exact() -> Grader:

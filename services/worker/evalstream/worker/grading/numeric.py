@@ -26,17 +26,20 @@ REL_TOL = 1e-6
 ABS_TOL = 1e-9
 
 # A number not glued to a Latin word or to another number ("H2O", "5-3" reads as 5 and 3);
-# glued to CJK text it counts ("答えは123です").
+# glued to CJK text it counts ("答えは123です"). Responses are untrusted: the possessive
+# \d++ and \s*+ never give back digits for spaces to be tried again, so "1" * 30000 +
+# " " * 30000 is one pass, not 30000 (giving back a digit could never let "/" match).
 _NUMBER = re.compile(
     r"""(?<![A-Za-z0-9_.])(?P<sign>[-+−])?\$?
-    (?:(?P<num>\d+)\s*/\s*(?P<den>\d+)                      # 1/2
+    (?:(?P<num>\d++)\s*+/\s*+(?P<den>\d++)                   # 1/2
       |(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<dec>\.\d+)?  # 1,234.50  42
       |(?P<lead>\.\d+))                                     # .5
     (?P<exp>[eE][-+]?\d+)?""",
     re.X,
 )
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_FRAC = re.compile(r"\\[dt]?frac\{\s*+(-?\d++)\s*+\}\{\s*+(\d++)\s*+\}")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*+\{")
+_BRACE = re.compile(r"[{}]")
 # Full-width digits and signs (U+FF10.., as East Asian keyboards type them), and Unicode
 # minus signs, as their ASCII forms. Not NFKC: it would also turn "10²" into "102".
 _TO_ASCII = str.maketrans(
@@ -65,24 +68,28 @@ def _numbers(text: str) -> list[float]:
     return [v for m in _NUMBER.finditer(text) if (v := _value(m)) is not None]
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """Contents of every \\boxed{...}, braces balanced."""
-    out = []
-    for m in _BOXED.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        out.append(text[m.end() : i - 1 if depth == 0 else i])
-    return out
+def _last_boxed(text: str) -> str | None:
+    """Contents of the last \\boxed{...}, braces balanced (to the end when unclosed); None
+    when there is none. Only the last is scanned: "\\boxed{" * 20000 is one pass."""
+    last = None
+    for last in _BOXED.finditer(text):  # noqa: B007 (the last one is what we want)
+        pass
+    if last is None:
+        return None
+    depth = 1
+    for brace in _BRACE.finditer(text, last.end()):
+        depth += 1 if brace[0] == "{" else -1
+        if depth == 0:
+            return text[last.end() : brace.start()]
+    return text[last.end() :]
 
 
 def extract_number(text: str) -> float | None:
     """The answer number of a response, by the policy above. A marker decides even when it
     holds no number: "\\boxed{n}" is no numeric answer, whatever numbers precede it."""
     text = _prepare(text)
-    if boxed := _boxed_contents(text):
-        found = _numbers(boxed[-1])
+    if (boxed := _last_boxed(text)) is not None:
+        found = _numbers(boxed)
         return found[-1] if found else None
     if "####" in text:
         found = _numbers(text.rsplit("####", 1)[1])

@@ -9,23 +9,23 @@ answer itself (answer patterns, as TREC QA sets ship them). Then:
 * a pattern without groups, or the gold answer used as the pattern, must simply be found.
 
 Matching is case-sensitive unless the pattern says otherwise ("(?i)"); anchor with ^ and $
-(multiline is not set: they match the ends of the whole response).
+(multiline is not set: they match the ends of the whole response). Patterns are untrusted:
+they run on RE2 where it reads them as Python does, else under the grading pool's deadline
+(patterns.py).
 """
 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 
 from evalstream.common.messages import Item
 from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 from evalstream.worker.grading.exact import normalize
+from evalstream.worker.grading.patterns import compile_pattern
 
 GRADER_VERSION = GRADER_VERSIONS["regex"]  # bump it there: run manifests record it
-
-_compile = lru_cache(maxsize=1024)(re.compile)
 
 
 def pattern_for(item: Item, default: str | None) -> tuple[str | None, bool]:
@@ -41,7 +41,7 @@ def problem(item: Item, default: str | None = None) -> str | None:
     if not pattern:
         return f"item {item.id}: no pattern (meta.regex, regex:<pattern> or a gold answer)"
     try:
-        compiled = _compile(pattern)
+        compiled = compile_pattern(pattern)
     except re.error as exc:
         return f"item {item.id}: bad pattern {pattern!r}: {exc}"
     if compiled.groups and not is_gold and item.answer is None:
@@ -54,13 +54,17 @@ def regex(default: str | None = None) -> Grader:
         require(problem(item, default))
         pattern, is_gold = pattern_for(item, default)
         assert pattern is not None  # checked by problem()
-        compiled = _compile(pattern)
-        matches = list(compiled.finditer(clean_response(response)))
-        if not matches:
+        compiled = compile_pattern(pattern)
+        matches = compiled.finditer(clean_response(response))
+        first = next(matches, None)
+        if first is None:
             return Grade(extracted=None, correct=False, score=0.0, detail=f"no match for {pattern!r}")
         if is_gold or not compiled.groups:
-            return Grade(extracted=matches[0][0], correct=True, score=1.0)
-        extracted = matches[-1][1] or ""
+            return Grade(extracted=first[0], correct=True, score=1.0)
+        last = first
+        for last in matches:  # noqa: B007 (only the last one counts: no list of every match)
+            pass
+        extracted = last[1] or ""
         correct = normalize(extracted) == normalize(item.answer or "")
         detail = None if correct else f"expected {item.answer!r}"
         return Grade(extracted=extracted, correct=correct, score=float(correct), detail=detail)

@@ -1,0 +1,430 @@
+"""Issue 18: the report lists the items. On the real stack, through replay runs whose
+answers are known: the aggregator's report filters to wrong answers and opens an item to
+its whole answer in headless Chromium; failed items show their error; long answers are
+clipped with the whole one a link away; answers made of HTML and script stay text, with no
+script run and nothing fetched, on the served pages, in the copy in S3 and in
+`evalctl report --html`; and the compare page lists exactly the items that flipped."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import re
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalstream.common import items_html, paired, report_html, storage
+from evalstream.common.settings import Settings
+from tests.chromium import Chromium
+from tests.e2e.helpers import evalctl, submit_wait, wait_for, write_jsonl
+from tests.e2e.test_report import AGGREGATOR, http_get
+
+pytestmark = pytest.mark.stack
+
+LONG_ANSWER = "I think about it. " * 2000 + "So 999."
+
+
+def replay_run(tmp: Path, name: str, items: list[dict[str, Any]], answers: dict[str, str]) -> dict[str, Any]:
+    replay = write_jsonl(
+        tmp / f"{name}-answers.jsonl", [{"id": k, "response": v} for k, v in answers.items()]
+    )
+    summary = submit_wait(
+        write_jsonl(tmp / f"{name}.jsonl", items),
+        "--model",
+        f"replay:{replay}",
+        "--shard-size",
+        "5",
+        "--max-attempts",
+        "1",
+        "--name",
+        name,
+        timeout=240,
+    )
+    assert summary["status"] == "completed", summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """30 items: b000-b011 right, b012-b026 wrong (b014 with a 36,000-character answer),
+    b027-b029 without an answer (failed, "no replayed answer")."""
+    tmp = tmp_path_factory.mktemp("browser")
+    items = [
+        {
+            "id": f"b{i:03d}",
+            "question": f"What is {i} + 1?",
+            "answer": str(i + 1),
+            "category": ["even", "odd"][i % 2],
+        }
+        for i in range(30)
+    ]
+    answers = {f"b{i:03d}": str(i + 1) if i < 12 else f"It is {i + 7}." for i in range(27)}
+    answers["b014"] = LONG_ANSWER
+    summary = replay_run(tmp, "browser", items, answers)
+    assert summary["failed"] == 3 and summary["succeeded"] == 27
+    return {"summary": summary, "answers": answers}
+
+
+def rows_of(page: Any) -> list[dict[str, str]]:
+    value = page.evaluate(
+        """JSON.stringify([...document.querySelectorAll('tr.item-row')].map(r => ({
+             item: r.cells[0].innerText.trim(), outcome: r.cells[1].innerText.trim(),
+             category: r.cells[2].innerText.trim()})))"""
+    )
+    return list(json.loads(value))
+
+
+async def test_report_filters_to_wrong_answers_and_opens_one(run: dict[str, Any], tmp_path: Path) -> None:
+    run_id = run["summary"]["run_id"]
+    url = f"{AGGREGATOR}/runs/{run_id}/report.html"
+
+    def browse() -> dict[str, Any]:
+        with Chromium(tmp_path) as browser:
+            page = browser.open(url)
+            first = rows_of(page)
+            filtered_url = browser.navigate_by(
+                page,
+                "document.querySelector('form.filters select[name=outcome]').value = 'wrong';"
+                "document.querySelector('form.filters').requestSubmit()",
+            )
+            wrong = rows_of(page)
+            matching = page.evaluate("document.querySelector('.matching').textContent")
+            opened = page.evaluate("document.querySelector('a.item').textContent")
+            item_url = browser.navigate_by(page, "document.querySelector('a.item').click()")
+            answer = page.evaluate("document.querySelector('pre[data-field=response]').textContent")
+            gold = page.evaluate("document.querySelector('pre[data-field=gold]').textContent")
+            prompt = page.evaluate("document.querySelector('pre[data-field=prompt]').textContent")
+            return {
+                "first": first,
+                "filtered_url": filtered_url,
+                "wrong": wrong,
+                "matching": matching,
+                "opened": opened,
+                "item_url": item_url,
+                "answer": answer,
+                "gold": gold,
+                "prompt": prompt,
+                "errors": page.console_errors,
+                "requests": page.requests,
+            }
+
+    seen = await asyncio.to_thread(browse)
+    # the report's first page: failed items, then wrong ones, then right ones
+    outcomes = [r["outcome"] for r in seen["first"]]
+    assert outcomes == ["failed"] * 3 + ["wrong"] * 15 + ["right"] * 12, outcomes
+    assert urllib.parse.urlsplit(seen["filtered_url"]).path == f"/runs/{run_id}/items"
+    assert "outcome=wrong" in seen["filtered_url"]
+    assert [r["item"] for r in seen["wrong"]] == [f"b{i:03d}" for i in range(12, 27)]
+    assert {r["outcome"] for r in seen["wrong"]} == {"wrong"} and seen["matching"] == "15"
+    assert seen["opened"] == "b012" and seen["item_url"].endswith(f"/runs/{run_id}/items/b012")
+    assert seen["answer"] == run["answers"]["b012"] == "It is 19." and seen["gold"] == "13"
+    assert "What is 12 + 1?" in seen["prompt"]
+    assert seen["errors"] == [], "a CSP violation or a script error shows here"
+    assert all(r.startswith(AGGREGATOR) for r in seen["requests"]), seen["requests"]
+
+
+def test_filters_failed_items_text_search_and_category(run: dict[str, Any]) -> None:
+    run_id = run["summary"]["run_id"]
+    base = f"{AGGREGATOR}/runs/{run_id}/items"
+
+    def ids(query: str) -> list[str]:
+        status, _, page = http_get(f"{base}?{query}")
+        assert status == 200, page[:300]
+        return re.findall(r"<a class='item' href='[^']*'>([^<]*)</a>", page)
+
+    status, _, failed = http_get(f"{base}?outcome=failed")
+    assert re.findall(r"<a class='item' href='[^']*'>([^<]*)</a>", failed) == ["b027", "b028", "b029"]
+    assert failed.count("no replayed answer") == 3 and failed.count("<td class='o-failed'>") == 3
+    # "It is 20." .. "It is 29." (b014's answer is the long one)
+    assert ids("q=It+is+2") == ["b013", *(f"b{i:03d}" for i in range(15, 23))]
+    assert ids("category=odd&outcome=right") == [f"b{i:03d}" for i in range(1, 12, 2)]
+    assert ids("q=%25") == []  # a literal %, not a wildcard
+    assert http_get(f"{base}?outcome=bogus")[0] == 400
+    assert http_get(f"{base}?after=forged")[0] == 400
+    assert http_get(f"{base}/no-such-item")[0] == 404
+    # pages are keyset cursors: walking them by the next link yields every item once
+    seen: list[str] = []
+    url = f"{base}?category=even&limit=4"
+    for _ in range(10):
+        status, _, page = http_get(url)
+        assert status == 200
+        found = re.findall(r"<a class='item' href='[^']*'>([^<]*)</a>", page)
+        assert 0 < len(found) <= 4
+        seen += found
+        nxt = re.search(r"<a class='next' href='([^']*)'", page)
+        if not nxt:
+            break
+        url = AGGREGATOR + nxt.group(1).replace("&amp;", "&")
+    # in outcome order (failed, wrong, right), each item once
+    assert sorted(seen) == [f"b{i:03d}" for i in range(0, 30, 2)] and len(seen) == 15
+    assert seen[0] == "b028" and seen[-1] == "b010"
+
+
+def test_a_long_answer_is_clipped_and_served_whole(run: dict[str, Any]) -> None:
+    run_id = run["summary"]["run_id"]
+    status, _, report = http_get(f"{AGGREGATOR}/runs/{run_id}/report.html")
+    assert status == 200 and f"+{len(LONG_ANSWER) - 300} chars" in report
+    status, _, page = http_get(f"{AGGREGATOR}/runs/{run_id}/items/b014")
+    assert f"showing {items_html.ANSWER_SHOWN_CHARS} of {len(LONG_ANSWER)} characters" in page
+    link = re.search(r"<a id='whole-answer' href='([^']*)'", page)
+    assert link and link.group(1) == f"/runs/{run_id}/items/b014/response.txt"
+    import urllib.request
+
+    with urllib.request.urlopen(AGGREGATOR + link.group(1), timeout=30) as r:
+        assert r.headers["content-type"] == "text/plain; charset=utf-8"
+        assert (
+            "sandbox" in r.headers["content-security-policy"]
+            and r.headers["x-content-type-options"] == "nosniff"
+        )
+        assert r.read().decode() == LONG_ANSWER
+
+
+def test_every_page_and_the_stored_report_carry_the_policy(run: dict[str, Any], stack: Settings) -> None:
+    import urllib.error
+    import urllib.request
+
+    run_id = run["summary"]["run_id"]
+    for path in (
+        f"/runs/{run_id}/report.html",
+        f"/runs/{run_id}/items",
+        f"/runs/{run_id}/items/b001",
+        f"/compare/{run_id}/{run_id}",
+        f"/runs/{run_id}/items?outcome=nope",
+        "/runs/none/report.html",
+    ):
+        try:
+            with urllib.request.urlopen(AGGREGATOR + path, timeout=30) as r:
+                headers = r.headers
+        except urllib.error.HTTPError as e:
+            headers = e.headers
+        csp = headers["content-security-policy"]
+        assert csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, path
+        assert "script" not in csp and "unsafe" not in csp, path
+        assert headers["x-content-type-options"] == "nosniff", path
+    stored = storage.get_bytes(
+        storage.client(stack), stack.s3_bucket_results, report_html.object_name(run_id)
+    ).decode()
+    assert f'<meta http-equiv="Content-Security-Policy" content="{report_html.CSP}' in stored.replace(
+        "&#x27;", "'"
+    )
+    # the stored copy lists the items too, each opening to all of it
+    assert stored.count("<details class='item'>") == 30 and "It is 19." in stored
+
+
+# --------------------------------------------------------------------------- hostile answers
+
+
+class Listener:
+    """An HTTP server that records every request: a script that ran would call it."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hits.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            do_POST = do_GET
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[Listener]:
+    lst = Listener()
+    yield lst
+    lst.close()
+
+
+def hostile_answers(port: int) -> list[str]:
+    call = f"http://127.0.0.1:{port}"
+    return [
+        f"<script>document.title='pwned';fetch('{call}/script')</script>",
+        f"<img src=\"{call}/img\" onerror=\"document.title='pwned';fetch('{call}/onerror')\">",
+        f"<a href=\"javascript:fetch('{call}/js-link');document.title='pwned'\">click me</a>",
+        f"[click me](javascript:fetch('{call}/md-link'))",
+        f"</pre></td></tr></table></details><script>fetch('{call}/breakout')</script>",
+        f'<svg onload="fetch(\'{call}/svg\')"></svg><iframe src="{call}/iframe"></iframe>',
+        f'<meta http-equiv="refresh" content="0;url={call}/refresh">',
+        f'<style>body{{background:url({call}/css)}}</style><link rel=stylesheet href="{call}/link">',
+        f"' onmouseover=\"fetch('{call}/attr')\" x='",
+    ]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory, listener: Listener) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("hostile")
+    texts = hostile_answers(listener.port)
+    call = f"http://127.0.0.1:{listener.port}"
+    items = [
+        {
+            "id": f"h{i}",
+            "question": f"Say hello <script>fetch('{call}/question')</script> #{i}",
+            "answer": "hello",
+            "category": f"<img src={call}/category>",
+        }
+        for i in range(len(texts))
+    ]
+    summary = replay_run(tmp, "hostile", items, {f"h{i}": t for i, t in enumerate(texts)})
+    return {"summary": summary, "texts": texts, "tmp": tmp}
+
+
+INERT_JS = """JSON.stringify({
+  title: document.title,
+  scripts: document.scripts.length,
+  frames: document.querySelectorAll('iframe, img, svg:not(.chart), object, embed, link[rel=stylesheet]').length,
+  js_links: [...document.querySelectorAll('a')].filter(a => !a.getAttribute('href').startsWith('/')
+      && !a.getAttribute('href').startsWith('http://127.0.0.1:') ).length,
+  handlers: [...document.querySelectorAll('*')].filter(e => [...e.attributes].some(a => a.name.startsWith('on'))).length,
+  answers: [...document.querySelectorAll('pre[data-field=response]')].map(p => p.textContent),
+})"""
+
+
+def hostile_pages(hostile: dict[str, Any], stack: Settings) -> list[str]:
+    run_id = hostile["summary"]["run_id"]
+    base = f"{AGGREGATOR}/runs/{run_id}"
+    stored = hostile["tmp"] / "stored-report.html"
+    stored.write_bytes(
+        storage.get_bytes(storage.client(stack), stack.s3_bucket_results, report_html.object_name(run_id))
+    )
+    written = hostile["tmp"] / "evalctl-report.html"
+    evalctl("report", run_id, "--html", str(written))
+    return [
+        f"{base}/report.html",
+        f"{base}/items",
+        f"{base}/items?outcome=wrong&q=script",
+        *(f"{base}/items/h{i}" for i in range(len(hostile["texts"]))),
+        f"{AGGREGATOR}/compare/{run_id}/{run_id}?kind=all",
+        stored.as_uri(),
+        written.as_uri(),
+    ]
+
+
+async def test_hostile_answers_stay_text_and_run_nothing(
+    hostile: dict[str, Any], listener: Listener, stack: Settings, tmp_path: Path
+) -> None:
+    urls = hostile_pages(hostile, stack)
+
+    def visit() -> list[tuple[str, dict[str, Any], list[str], list[str]]]:
+        out = []
+        with Chromium(tmp_path) as browser:
+            for url in urls:
+                page = browser.open(url, settle_s=0.5)
+                # hover and click everything a model might have made clickable
+                page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true); 0")
+                page.evaluate(
+                    "[...document.querySelectorAll('pre, td')].forEach(e => e.dispatchEvent(new MouseEvent('mouseover'))); 0"
+                )
+                out.append((url, json.loads(page.evaluate(INERT_JS)), page.console_errors, page.requests))
+        return out
+
+    seen = await asyncio.to_thread(visit)
+    texts = hostile["texts"]
+    for url, state, errors, requests in seen:
+        assert state["title"] != "pwned" and state["scripts"] == 0, (url, state)
+        assert state["frames"] == 0 and state["js_links"] == 0 and state["handlers"] == 0, (url, state)
+        assert requests == [url], (url, requests)  # the page itself, nothing else
+        assert errors == [], (url, errors)
+    # each item's page reads its answer back, character for character
+    item_pages = [s for u, s, _, _ in seen if re.search(r"/items/h\d+$", u)]
+    assert [p["answers"] for p in item_pages] == [[t] for t in texts]
+    # the stored report and the evalctl file open every row to the whole answer, as text
+    for _, state, _, _ in seen[-2:]:
+        assert sorted(state["answers"]) == sorted(texts)
+    assert listener.hits == []
+
+
+async def test_the_execution_detector_is_not_blind(listener: Listener, tmp_path: Path) -> None:
+    """The same answers pasted in raw do run (title changed, the listener called), and
+    the report's Content-Security-Policy alone stops them: the checks above can fail, and
+    the policy is a second wall behind the escaping."""
+    texts = hostile_answers(listener.port)
+    raw = tmp_path / "raw.html"
+    raw.write_text("<!doctype html><title>raw</title><body>" + "".join(f"<div>{t}</div>" for t in texts))
+    # A <meta refresh> is a navigation, which no CSP directive governs (navigate-to never
+    # shipped): only the escaping stops that one, as the test above shows it does.
+    walled = tmp_path / "walled.html"
+    walled.write_text(
+        f'<!doctype html><meta http-equiv="Content-Security-Policy" content="{report_html.CSP}">'
+        "<title>walled</title><body>" + "".join(f"<div>{t}</div>" for t in texts if "refresh" not in t)
+    )
+
+    def visit(path: Path) -> str:
+        with Chromium(tmp_path / path.stem) as browser:
+            page = browser.open(path.as_uri(), settle_s=0.5)
+            return str(page.evaluate("document.title"))
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "walled").mkdir()
+    assert await asyncio.to_thread(visit, walled) == "walled"
+    assert listener.hits == [], "the policy let something through"
+    assert await asyncio.to_thread(visit, raw) == "pwned"
+    wait_for(lambda: {"/script", "/img"} <= set(listener.hits), 10, "the raw page's calls")
+    listener.hits.clear()
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_lists_exactly_the_flipped_items(tmp_path: Path) -> None:
+    """20 items; A right on c000-c011, B right on c000-c007 and c012-c017: c008-c011 flipped
+    right -> wrong, c012-c017 wrong -> right, and nothing else."""
+    items = [{"id": f"c{i:03d}", "question": f"What is {i} * 2?", "answer": str(2 * i)} for i in range(20)]
+    a = replay_run(
+        tmp_path, "compare-a", items, {f"c{i:03d}": str(2 * i) if i < 12 else "-1" for i in range(20)}
+    )
+    b = replay_run(
+        tmp_path,
+        "compare-b",
+        items,
+        {f"c{i:03d}": str(2 * i) if i < 8 or 12 <= i < 18 else f"{2 * i + 1}" for i in range(20)},
+    )
+    a_only, b_only = [f"c{i:03d}" for i in range(8, 12)], [f"c{i:03d}" for i in range(12, 18)]
+    status, ctype, page = http_get(f"{AGGREGATOR}/compare/{a['run_id']}/{b['run_id']}")
+    assert status == 200 and ctype.startswith("text/html")
+    listed = re.findall(r"<tr class='pair rank-(\d)' data-item='([^']*)'>", page)
+    assert listed == [("0", i) for i in a_only] + [("1", i) for i in b_only]
+    # both answers beside each other: c009 was 18 in A, 19 in B
+    row = page[page.index("data-item='c009'") :].split("</tr>", 1)[0]
+    assert "<td class='t answer-a'>18</td><td class='o-right'>right</td>" in row
+    assert "<td class='t answer-b'>19</td><td class='o-wrong'>wrong</td>" in row
+    # the McNemar figures beside them, as `evalctl compare` computes them
+    cli = json.loads(evalctl("compare", a["run_id"], b["run_id"], "--json").stdout.splitlines()[-1])
+    assert cli["flips"] == {"right_in_a_only": a_only, "right_in_b_only": b_only}
+    p = paired.mcnemar_exact(4, 6)
+    assert cli["mcnemar"]["p_value"] == pytest.approx(p, abs=1e-6)
+    stats = page[page.index("id='mcnemar'") :].split("</table>", 1)[0]
+    assert "<td>right in A only (B got worse)</td><td>4</td>" in stats
+    assert "<td>right in B only (B got better)</td><td>6</td>" in stats
+    assert f"<td>McNemar exact p</td><td>{p:.4g}</td>" in stats
+    ci = cli["accuracy"]["ci"]
+    assert f"CI {ci[0]:+.1%} .. {ci[1]:+.1%}" in stats  # the same bootstrap on both sides
+    # every item with kind=all, flipped first
+    status, _, everything = http_get(f"{AGGREGATOR}/compare/{a['run_id']}/{b['run_id']}?kind=all")
+    ranks = re.findall(r"<tr class='pair rank-(\d)' data-item='([^']*)'>", everything)
+    assert [i for _, i in ranks[:10]] == a_only + b_only and len(ranks) == 20
+    # evalctl compare --html writes the same list
+    out = tmp_path / "compare.html"
+    evalctl("compare", a["run_id"], b["run_id"], "--html", str(out))
+    written = out.read_text()
+    assert re.findall(r"<tr class='pair rank-(\d)' data-item='([^']*)'>", written) == listed
+    assert "<td>McNemar exact p</td>" in written and "Content-Security-Policy" in written
