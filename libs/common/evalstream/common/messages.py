@@ -11,6 +11,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from evalstream.common.specs import DEFAULT_MODEL
+
 SCHEMA_VERSION = 1
 
 
@@ -67,7 +69,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Published to eval.jobs by `evalctl submit` or any Kafka client."""
 
     dataset: str  # s3://<datasets bucket>/key, or a file under the producer's DATASET_LOCAL_ROOT
-    model: str = "hf:smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     grader: str = "auto"
     generation: GenerationParams = msgspec.field(default_factory=GenerationParams)
     prompt_template: str | None = None

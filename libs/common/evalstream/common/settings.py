@@ -10,6 +10,8 @@ import os
 import socket
 from dataclasses import dataclass, field, fields
 
+from evalstream.common.specs import DEFAULT_MODEL
+
 # Every environment variable the services read, with its local default.
 DEFAULTS: dict[str, str] = {
     "KAFKA_BOOTSTRAP": "127.0.0.1:9092",
@@ -23,7 +25,8 @@ DEFAULTS: dict[str, str] = {
     "HTTP_HOST": "127.0.0.1",
     "HTTP_PORT": "0",
     "WORKER_GROUP": "default",
-    "WORKER_MODEL": "hf:smollm2-135m-instruct,null,replay:*",
+    "WORKER_MODEL": f"{DEFAULT_MODEL},null,replay:*",
+    "WORKER_API_KEYS": "",
     "WORKER_ID": "",
     "WORKER_GROUPS": "",
     "WORKER_MAX_SHARDS": "16",
@@ -97,7 +100,11 @@ class Settings:
     http_host: str = DEFAULTS["HTTP_HOST"]
     http_port: int = int(DEFAULTS["HTTP_PORT"])
     worker_group: str = DEFAULTS["WORKER_GROUP"]
-    worker_model: str = DEFAULTS["WORKER_MODEL"]  # comma-separated SPEC patterns this group serves
+    # the group's allow-list: comma-separated SPEC patterns it serves, models and judges alike
+    worker_model: str = DEFAULTS["WORKER_MODEL"]
+    # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
+    # (worker/engines/openai.py); a job never names a variable
+    worker_api_keys: str = DEFAULTS["WORKER_API_KEYS"]
     worker_id: str = DEFAULTS["WORKER_ID"]
     worker_groups: str = DEFAULTS["WORKER_GROUPS"]  # bootstrap: work topics to create (comma-separated)
     worker_max_shards: int = int(DEFAULTS["WORKER_MAX_SHARDS"])  # shards taken per engine round
