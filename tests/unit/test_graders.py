@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from evalstream.common.graders import grader_problem
 from evalstream.common.messages import Item
-from evalstream.common.specs import grader_problem
 from evalstream.worker.engines.base import PermanentEngineError, TransientEngineError
 from evalstream.worker.grading import (
     GRADER_NAMES,

@@ -29,11 +29,10 @@ from typing import Any
 import asyncpg
 
 from evalstream.common import storage
+from evalstream.common.graders import grader_problem, grader_version
 from evalstream.common.messages import Item
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
-from evalstream.common.specs import grader_problem
-from evalstream.common.versions import grader_version
 
 GRADING_THREADS = 8
 GRADED_COLUMNS = ("extracted", "correct", "score", "error")  # what a regrade may change

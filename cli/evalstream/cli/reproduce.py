@@ -28,12 +28,11 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 
 from evalstream.common import storage, topics
+from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, encode
-from evalstream.common.prompts import effective_templates
 from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
-from evalstream.common.specs import grader_problem, serves, spec_problem
-from evalstream.common.versions import grader_version, graders_for
+from evalstream.common.specs import serves, spec_problem
 
 
 @dataclass(frozen=True)

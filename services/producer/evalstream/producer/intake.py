@@ -21,10 +21,11 @@ from minio import Minio
 
 from evalstream.common import intake_limits, keys, storage
 from evalstream.common.contract import JobRejected
+from evalstream.common.graders import grader_problem
 from evalstream.common.messages import Item, JobSpec, Shard, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import Settings
-from evalstream.common.specs import grader_problem, spec_problem
+from evalstream.common.specs import spec_problem
 from evalstream.producer.datasets import DatasetError, LoadedDataset, Problem, load_dataset
 from evalstream.producer.manifest import build_manifest, manifest_sha256
 

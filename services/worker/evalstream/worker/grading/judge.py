@@ -20,9 +20,9 @@ import contextlib
 import re
 import threading
 
+from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import ChatMessage, GenerationParams, Item
 from evalstream.common.settings import Settings
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.engines import Engine, EngineError, GenRequest, load_engine
 from evalstream.worker.grading.base import Grade, Grader
 from evalstream.worker.grading.clean import clean_response
