@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from evalstream.common.jobs import job_problems
 from evalstream.common.messages import ChatMessage, GenerationParams, Item, JobSpec
 from evalstream.common.specs import ModelSpec, parse_model_spec, serves, spec_problem
-from evalstream.producer.intake import job_problems
 from evalstream.worker.engines import GenRequest, NotServed, PermanentEngineError
 from evalstream.worker.engines.openai import OpenAIConfig, OpenAIEngine, key_variable, parse_key_rules
 from evalstream.worker.grading import get_grader

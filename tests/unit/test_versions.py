@@ -15,9 +15,9 @@ import pytest
 
 from evalstream.cli.datasets_cmd import diff_items, read_items
 from evalstream.common import graders
+from evalstream.common.datasets import load_dataset, write_stored_copy
 from evalstream.common.messages import ChatMessage, Item
-from evalstream.producer.datasets import load_dataset, sample_path
-from evalstream.producer.intake import write_stored_copy
+from tests.support import sample_path
 
 RECORDS: list[dict[str, Any]] = [
     {"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i), "category": "arithmetic"}

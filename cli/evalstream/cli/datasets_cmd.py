@@ -80,7 +80,7 @@ def diff_items(a: Sequence[Item], b: Sequence[Item]) -> dict[str, Any]:
 
 def read_items(data: bytes, filename: str) -> tuple[str, list[Item]]:
     """(content_sha256, items) of a dataset file's bytes, validated as the producer does."""
-    from evalstream.producer.datasets import load_dataset
+    from evalstream.common.datasets import load_dataset
 
     loaded = load_dataset(data, filename)
     return loaded.content_sha256, loaded.items
@@ -102,7 +102,7 @@ async def resolve_version(conn: asyncpg.Connection, ref: str) -> asyncpg.Record:
 
 async def load_ref(conn: asyncpg.Connection, settings: Settings, ref: str) -> Dataset:
     """A dataset named by a file path or a version's content hash (prefix)."""
-    from evalstream.producer.datasets import DatasetError
+    from evalstream.common.datasets import DatasetError
 
     path = Path(ref)
     try:

@@ -13,7 +13,6 @@ import importlib
 import json
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ from evalstream.cli.audit import accuracy_without_flagged, probability
 from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import intake_limits, report_html, storage, telemetry, topics
+from evalstream.common.datasets import DatasetError, load_dataset
+from evalstream.common.jobs import job_problems, new_run_id, publish_job
 from evalstream.common.lag import group_lag, topic_partitions
 from evalstream.common.messages import (
     GenerationParams,
@@ -63,9 +64,6 @@ def out_json(value: Any) -> None:
 async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     if args.export and not args.wait:
         fail("--export exports the run when it completes: it needs --wait")
-    from evalstream.producer.datasets import DatasetError, load_dataset
-    from evalstream.producer.intake import job_problems
-
     path = Path(args.dataset)
     try:
         data = path.read_bytes()
@@ -104,20 +102,9 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     await asyncio.to_thread(
         storage.put_bytes, s3, settings.s3_bucket_datasets, key, data, "application/octet-stream"
     )
-    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_id = new_run_id()
     job = msgspec.structs.replace(job, dataset=f"s3://{settings.s3_bucket_datasets}/{key}", run_id=run_id)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
-    )
-    telemetry.setup("evalctl")
-    await producer.start()
-    try:
-        # The run's trace starts here: its context travels in the job's headers.
-        with telemetry.send_span(topics.JOBS, run_id) as headers:
-            await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode(), headers=headers)
-    finally:
-        await producer.stop()
-        telemetry.shutdown()
+    await publish_job(settings.kafka_bootstrap, job)
     print(f"submitted {run_id}: {len(loaded.items)} items, model {job.model}", file=sys.stderr)
     if not args.wait:
         if args.json:
@@ -664,6 +651,7 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     settings = Settings.from_env()
+    telemetry.setup("evalctl")  # the jobs evalctl publishes start their runs' traces
     try:
         handler = getattr(args, "handler", None) or COMMANDS[args.cmd]
         asyncio.run(handler(args, settings))
@@ -671,6 +659,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(130) from None
     except (OSError, asyncpg.PostgresError, KafkaError, MinioException, urllib3.exceptions.HTTPError) as exc:
         fail(f"{type(exc).__name__}: {exc} (is the stack up? `make up`)")
+    finally:
+        telemetry.shutdown()
 
 
 if __name__ == "__main__":

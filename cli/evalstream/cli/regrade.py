@@ -102,7 +102,7 @@ async def write_run(
     rows: list[dict[str, Any]],
 ) -> dict[str, Any]:  # fmt: skip
     """The new run, its results and its summary, in one transaction."""
-    from evalstream.producer.manifest import manifest_sha256
+    from evalstream.common.manifest import manifest_sha256
 
     spec = {**json.loads(run["spec"]), "grader": grader, "run_id": new_run_id}
     spec["regrade_of"] = run["run_id"]

@@ -20,16 +20,17 @@ import asyncio
 import json
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 
-from evalstream.common import storage, topics
+from evalstream.common import storage
+from evalstream.common.datasets import DatasetError
 from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
-from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, encode
+from evalstream.common.jobs import new_run_id, publish_job
+from evalstream.common.manifest import code_version, manifest_differences
+from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
 from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves, spec_problem
@@ -176,7 +177,6 @@ def _code(c: dict[str, Any]) -> str:
 async def dataset_problem(settings: Settings, req: Request) -> str | None:
     """Why the stored dataset copy cannot be used, or None."""
     from evalstream.cli.datasets_cmd import read_items
-    from evalstream.producer.datasets import DatasetError
 
     try:
         bucket, key = storage.parse_s3_uri(req.dataset_uri)
@@ -210,24 +210,11 @@ async def serving_groups(settings: Settings, model: str) -> list[str]:
     )
 
 
-async def publish(settings: Settings, job: JobSpec) -> None:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
-    )
-    await producer.start()
-    try:
-        assert job.run_id is not None
-        await producer.send_and_wait(topics.JOBS, encode(job), key=job.run_id.encode())
-    finally:
-        await producer.stop()
-
-
 # --------------------------------------------------------------------------- comparison
 
 
 async def reproduction_report(conn: asyncpg.Connection, original: str, new: str) -> dict[str, Any]:
     from evalstream.cli.compare import compare_results, load_results
-    from evalstream.producer.manifest import manifest_differences
 
     runs = {
         r["run_id"]: r
@@ -298,7 +285,6 @@ def print_reproduction(r: dict[str, Any]) -> None:
 
 async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
     from evalstream.cli.main import EXIT_REJECTED, _run_row, fail, out_json, wait_for_run
-    from evalstream.producer.manifest import code_version
 
     conn = await asyncpg.connect(settings.database_url)
     try:
@@ -309,11 +295,11 @@ async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
         fail(f"run {args.run} has no manifest (status {run['status']}): nothing to reproduce", EXIT_REJECTED)
     manifest = json.loads(run["manifest"])
     req = request_from_manifest(manifest)
-    new_run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_id = new_run_id()
     plan = plan_reproduction(
         args.run,
         manifest,
-        new_run_id=new_run_id,
+        new_run_id=run_id,
         dataset_problem=await dataset_problem(settings, req),
         serving_groups=await serving_groups(settings, req.model),
         code=code_version(),
@@ -324,26 +310,26 @@ async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
     if plan.job is None:
         fail(f"cannot reproduce {args.run}:\n  " + "\n  ".join(plan.blockers), EXIT_REJECTED)
     assert plan.job is not None
-    await publish(settings, plan.job)
-    print(f"submitted {new_run_id}: reproduction of {args.run}, model {req.model}", file=sys.stderr)
+    await publish_job(settings.kafka_bootstrap, plan.job)
+    print(f"submitted {run_id}: reproduction of {args.run}, model {req.model}", file=sys.stderr)
     if not args.wait:
         if args.json:
             out_json(
                 {
                     "original": args.run,
-                    "reproduction": new_run_id,
+                    "reproduction": run_id,
                     "status": "submitted",
                     "warnings": plan.warnings,
                 }
             )
         else:
-            print(new_run_id)
-            print(f"compare when it is done: evalctl compare {args.run} {new_run_id}", file=sys.stderr)
+            print(run_id)
+            print(f"compare when it is done: evalctl compare {args.run} {run_id}", file=sys.stderr)
         return
-    await wait_for_run(settings, new_run_id, timeout=args.timeout, quiet=args.json)
+    await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
     conn = await asyncpg.connect(settings.database_url)
     try:
-        report = await reproduction_report(conn, args.run, new_run_id)
+        report = await reproduction_report(conn, args.run, run_id)
     finally:
         await conn.close()
     report["warnings"] = plan.warnings
