@@ -18,6 +18,8 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 import urllib3
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -28,7 +30,7 @@ from evalstream.cli.audit import THRESHOLD as AUDIT_THRESHOLD
 from evalstream.cli.audit import accuracy_without_flagged, probability
 from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.cli.progress import ProgressBar
-from evalstream.common import intake_limits, report_html, storage, telemetry, topics
+from evalstream.common import fleet, intake_limits, report_html, storage, telemetry, topics
 from evalstream.common.datasets import DatasetError, load_dataset
 from evalstream.common.jobs import job_problems, new_run_id, publish_job
 from evalstream.common.lag import group_lag, topic_partitions
@@ -42,6 +44,7 @@ from evalstream.common.messages import (
     encode,
 )
 from evalstream.common.reports import summarise
+from evalstream.common.results import EXPORT_COLUMNS, arrow_schema
 from evalstream.common.settings import Settings
 from evalstream.common.specs import DEFAULT_MODEL
 
@@ -227,38 +230,21 @@ def _now(like: Any) -> Any:
     return datetime.now(like.tzinfo)
 
 
-RESULT_FIELDS = (
-    "item_id",
-    "response",
-    "extracted",
-    "correct",
-    "score",
-    "error",
-    "attempts",
-    "cache_hit",
-    "latency_ms",
-    "served_by",
-)
-
-
 async def cmd_results(args: argparse.Namespace, settings: Settings) -> None:
     conn = await asyncpg.connect(settings.database_url)
     try:
         await _run_row(conn, args.run)
         rows = await conn.fetch(
-            f"SELECT {', '.join(RESULT_FIELDS)}, category FROM item_results WHERE run_id = $1 ORDER BY item_id",
+            f"SELECT {', '.join(EXPORT_COLUMNS)} FROM item_results WHERE run_id = $1 ORDER BY item_id",
             args.run,
         )
     finally:
         await conn.close()
     records = [dict(r) for r in rows]
     if args.format == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if not args.output:
             fail("--format parquet needs -o FILE")
-        pq.write_table(pa.Table.from_pylist(records), args.output)
+        pq.write_table(pa.Table.from_pylist(records, schema=arrow_schema(EXPORT_COLUMNS)), args.output)
         print(f"wrote {len(records)} results to {args.output}", file=sys.stderr)
         return
     stream = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
@@ -437,12 +423,11 @@ def _mean(values: list[float | None]) -> float | None:
 def worker_group_row(
     beats: list[Heartbeat], lag: dict[int, int], now: float, timeout_s: float, max_lag: int
 ) -> dict[str, Any]:
-    """One group as `evalctl workers` shows it, judged by the router's rules (router/fleet.py,
-    which the CLI's image does not carry): a member is live while its heartbeat is younger
-    than ROUTER_HEARTBEAT_TIMEOUT_S and it is not stopped; the group is saturated at
-    ROUTER_MAX_LAG outstanding shards per live member."""
+    """One group as `evalctl workers` shows it, judged by the router's rules: liveness from
+    evalstream.common.fleet; the group is saturated at ROUTER_MAX_LAG outstanding shards per
+    live member."""
     members = sorted((hb for hb in beats if hb.status != "stopped"), key=lambda hb: hb.worker_id)
-    live = [hb for hb in members if now - hb.ts <= timeout_s and hb.status in ("ready", "starting")]
+    live = fleet.live_members(members, now, timeout_s)
     total_lag = sum(lag.values())
     pressure = [
         hb.gpu_memory_used_bytes / (hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes)
@@ -454,7 +439,7 @@ def worker_group_row(
     return {
         "group": beats[0].group,
         "model": max(beats, key=lambda hb: hb.ts).model,
-        "health": "dead" if not live else "healthy" if len(live) == len(members) else "degraded",
+        "health": fleet.group_health(len(live), len(members)),
         "healthy": len(live),
         "members": [
             {

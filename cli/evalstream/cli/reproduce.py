@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncpg
 
-from evalstream.common import storage
+from evalstream.common import fleet, storage
 from evalstream.common.datasets import DatasetError
 from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
 from evalstream.common.jobs import new_run_id, publish_job
@@ -203,9 +203,7 @@ async def serving_groups(settings: Settings, model: str) -> list[str]:
         {
             hb.group
             for hb in await read_heartbeats(settings.kafka_bootstrap)
-            if hb.status in ("ready", "starting")
-            and now - hb.ts <= settings.router_heartbeat_timeout_s
-            and serves(hb.model, model)
+            if fleet.is_live(hb, now, settings.router_heartbeat_timeout_s) and serves(hb.model, model)
         }
     )
 

@@ -15,43 +15,10 @@ from typing import Any
 import asyncpg
 
 from evalstream.common.messages import ItemResult
+from evalstream.common.results import RESULT_COLUMNS, pg_type
 
-RESULT_COLUMNS = (
-    "run_id",
-    "item_id",
-    "shard_id",
-    "response",
-    "extracted",
-    "correct",
-    "score",
-    "error",
-    "attempts",
-    "cache_hit",
-    "latency_ms",
-    "served_by",
-    "model_revision",
-    "prompt_tokens",
-    "completion_tokens",
-    "truncated",
-    "category",
-    "question",
-    "gold",
-    "prompt",
-    "detail",
-    "evidence",
-)
-_TYPES = {
-    "correct": "boolean",
-    "score": "float8",
-    "attempts": "int4",
-    "cache_hit": "boolean",
-    "latency_ms": "float8",
-    "prompt_tokens": "int4",
-    "completion_tokens": "int4",
-    "truncated": "boolean",
-}
 # One statement per batch: every column as an array, unnested server-side.
-_UNNEST = ", ".join(f"${i + 1}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(RESULT_COLUMNS))
+_UNNEST = ", ".join(f"${i + 1}::{pg_type(c)}[]" for i, c in enumerate(RESULT_COLUMNS))
 _UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in RESULT_COLUMNS[2:]) + ", recorded_at = now()"
 _INSERT = f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)}) SELECT * FROM unnest({_UNNEST}) "
 
