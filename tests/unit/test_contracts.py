@@ -41,7 +41,7 @@ def beat(worker: str, ts: float, status: str = "ready") -> Heartbeat:
 
 def test_liveness_rule() -> None:
     now = 1000.0
-    beats = [beat("a", now - 1), beat("b", now - 16), beat("c", now, "stopping"), beat("d", now, "starting")]
+    beats = [beat("a", now - 1), beat("b", now - 16), beat("c", now, "draining"), beat("d", now, "starting")]
     assert [hb.worker_id for hb in fleet.live_members(beats, now, 15.0)] == ["a", "d"]
     assert fleet.group_health(2, 3) == "degraded"
     assert fleet.group_health(3, 3) == "healthy"

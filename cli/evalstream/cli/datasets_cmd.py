@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from evalstream.cli.common import EXIT_REJECTED, fail, out_json
 from evalstream.common import storage
 from evalstream.common.messages import Item
 from evalstream.common.settings import Settings
@@ -188,7 +189,6 @@ def _short(value: Any, width: int = 60) -> str:
 
 
 async def cmd_datasets(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import EXIT_REJECTED, fail, out_json
 
     conn = await asyncpg.connect(settings.database_url)
     try:

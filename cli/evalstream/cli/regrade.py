@@ -28,6 +28,9 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.common import EXIT_REJECTED, fail, out_json, print_report, run_row
+from evalstream.cli.datasets_cmd import read_items
+from evalstream.cli.reproduce import request_from_manifest
 from evalstream.common import storage
 from evalstream.common.graders import grader_problem, grader_version
 from evalstream.common.messages import Item
@@ -81,9 +84,6 @@ def regrade_rows(
 async def load_items(settings: Settings, manifest: dict[str, Any]) -> dict[str, Item]:
     """The run's items (gold answers, tests) from its content-addressed dataset copy,
     checked against the content hash its manifest recorded."""
-    from evalstream.cli.datasets_cmd import read_items
-    from evalstream.cli.main import EXIT_REJECTED, fail
-    from evalstream.cli.reproduce import request_from_manifest
 
     req = request_from_manifest(manifest)
     bucket, key = storage.parse_s3_uri(req.dataset_uri)
@@ -158,7 +158,6 @@ def mirror_to_s3(
 
 
 async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import EXIT_REJECTED, _run_row, fail, out_json, print_report
 
     if problem := grader_problem(args.grader):
         fail(problem, EXIT_REJECTED)
@@ -169,7 +168,7 @@ async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
     grader = args.grader if args.grader == "auto" else canonical_grader(args.grader)
     conn = await asyncpg.connect(settings.database_url)
     try:
-        run = await _run_row(conn, args.run)
+        run = await run_row(conn, args.run)
         if run["status"] != "completed" or run["manifest"] is None:
             fail(f"run {args.run} is {run['status']}: only a completed run can be regraded", EXIT_REJECTED)
         manifest = json.loads(run["manifest"])

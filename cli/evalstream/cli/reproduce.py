@@ -25,6 +25,9 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.common import EXIT_REJECTED, fail, out_json, read_heartbeats, run_row, wait_for_run
+from evalstream.cli.compare import compare_results, load_results
+from evalstream.cli.datasets_cmd import read_items
 from evalstream.common import fleet, storage
 from evalstream.common.datasets import DatasetError
 from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
@@ -176,7 +179,6 @@ def _code(c: dict[str, Any]) -> str:
 
 async def dataset_problem(settings: Settings, req: Request) -> str | None:
     """Why the stored dataset copy cannot be used, or None."""
-    from evalstream.cli.datasets_cmd import read_items
 
     try:
         bucket, key = storage.parse_s3_uri(req.dataset_uri)
@@ -196,7 +198,6 @@ async def dataset_problem(settings: Settings, req: Request) -> str | None:
 
 async def serving_groups(settings: Settings, model: str) -> list[str]:
     """Worker groups with a live member whose advertised models include `model`."""
-    from evalstream.cli.main import read_heartbeats
 
     now = time.time()
     return sorted(
@@ -212,7 +213,6 @@ async def serving_groups(settings: Settings, model: str) -> list[str]:
 
 
 async def reproduction_report(conn: asyncpg.Connection, original: str, new: str) -> dict[str, Any]:
-    from evalstream.cli.compare import compare_results, load_results
 
     runs = {
         r["run_id"]: r
@@ -282,11 +282,10 @@ def print_reproduction(r: dict[str, Any]) -> None:
 
 
 async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import EXIT_REJECTED, _run_row, fail, out_json, wait_for_run
 
     conn = await asyncpg.connect(settings.database_url)
     try:
-        run = await _run_row(conn, args.run)
+        run = await run_row(conn, args.run)
     finally:
         await conn.close()
     if run["manifest"] is None:

@@ -10,6 +10,7 @@ import secrets
 import time
 
 from aiokafka import AIOKafkaProducer
+from msgspec import Struct
 
 from evalstream.common import intake_limits, telemetry, topics
 from evalstream.common.datasets import Problem
@@ -55,14 +56,19 @@ def job_problems(job: JobSpec) -> list[Problem]:
 
 
 async def publish_job(bootstrap: str, job: JobSpec) -> None:
-    """Publishes `job` (with its run id) to eval.jobs, durably (acks=all, idempotent). The
-    run's trace starts here: the send span's context travels in the message's headers."""
+    """Publishes `job` (with its run id) to eval.jobs. The run's trace starts here."""
     if job.run_id is None:
         raise ValueError("publish_job needs a job with a run_id (new_run_id())")
+    await publish_traced(bootstrap, topics.JOBS, job, job.run_id)
+
+
+async def publish_traced(bootstrap: str, topic: str, message: Struct, run_id: str) -> None:
+    """Publishes `message` keyed by `run_id`, durably (acks=all, idempotent), in a send span
+    whose context travels in the message's headers."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
     try:
-        with telemetry.send_span(topics.JOBS, job.run_id) as headers:
-            await producer.send_and_wait(topics.JOBS, encode(job), key=job.run_id.encode(), headers=headers)
+        with telemetry.send_span(topic, run_id) as headers:
+            await producer.send_and_wait(topic, encode(message), key=run_id.encode(), headers=headers)
     finally:
         await producer.stop()

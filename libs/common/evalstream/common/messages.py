@@ -192,6 +192,16 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
 
 
+class Redrive(msgspec.Struct, frozen=True, kw_only=True):
+    """Published to eval.control by `evalctl dlq redrive RUN`: the aggregator, which owns the
+    dead letters, puts the run's dead-lettered items back on eval.shards with fresh attempts
+    and marks the letters redriven (evalctl writes no table itself)."""
+
+    run_id: str
+    kind: Literal["redrive"] = "redrive"
+    schema_version: int = SCHEMA_VERSION
+
+
 class DeadLetterHeaders:
     """Header names on eval.dlq. The value is the original message (or, for an item that
     failed every attempt, a Shard holding only that item)."""

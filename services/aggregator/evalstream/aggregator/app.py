@@ -20,11 +20,11 @@ import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.aggregator import delta, objects, web
+from evalstream.aggregator import delta, objects, redrive, web
 from evalstream.aggregator.store import DeadLetterRecord, ResultStore
 from evalstream.common import db, evidence, report_html, service, storage, telemetry, topics
 from evalstream.common.messages import DeadLetterHeaders as H
-from evalstream.common.messages import ItemResult, Shard, ShardResult, decode
+from evalstream.common.messages import ItemResult, Redrive, Shard, ShardResult, decode, encode
 from evalstream.common.metrics import (
     ITEMS,
     RUN_ACCURACY,
@@ -134,6 +134,30 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     written = await store().write([], failures, letters)
     await observe(written_results(failures, written))
     await after_write({(f.run_id, f.shard_id) for f in failures})
+
+
+@broker.subscriber(
+    topics.CONTROL,
+    group_id=topics.AGGREGATOR_CONTROL_GROUP,
+    auto_offset_reset="earliest",
+    ack_policy=AckPolicy.NACK_ON_ERROR,
+)
+@service.backoff_on_error()
+async def on_control(msg: KafkaMessage) -> None:
+    """Requests from evalctl, which writes no table itself: redrive a run's dead letters."""
+    record = service.record_of(msg)
+    try:
+        request = decode(record.value or b"", Redrive)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        await service.dead_letter(
+            broker, record.value or b"", service.dead_letter_headers(record, exc), key=record.key
+        )
+        return
+
+    async def publish(shard: Shard) -> None:
+        await broker.publish(encode(shard), topics.SHARDS, key=shard.run_id.encode())
+
+    await redrive.redrive_run(store(), request.run_id, publish)
 
 
 # Run-labelled series live this long after their run completed (boards show the finished

@@ -146,3 +146,16 @@ class ResultStore:
         row = await self.pool.fetchrow("SELECT status, total, recorded FROM runs WHERE run_id = $1", run_id)
         assert row is not None
         return row["status"], row["total"], row["recorded"]
+
+    async def dead_letters_to_redrive(self, run_id: str) -> list[tuple[int, bytes]]:
+        """(id, payload) of the run's dead letters not yet redriven, oldest first."""
+        rows = await self.pool.fetch(
+            "SELECT id, payload FROM dead_letters WHERE run_id = $1 AND redriven_at IS NULL ORDER BY id",
+            run_id,
+        )
+        return [(r["id"], bytes(r["payload"])) for r in rows]
+
+    async def mark_redriven(self, ids: list[int]) -> None:
+        await self.pool.execute(
+            "UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", ids
+        )
