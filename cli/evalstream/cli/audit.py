@@ -36,7 +36,7 @@ from typing import Any
 
 import asyncpg
 
-from evalstream.cli.common import EXIT_REJECTED, fail, out_json
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json
 from evalstream.cli.datasets_cmd import DatasetRefError, load_ref
 from evalstream.cli.reliability import CATEGORICAL, Estimate, Observation, estimate
 from evalstream.common.messages import Item
@@ -476,22 +476,20 @@ async def audit_version(
 async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
 
     run_ids = [r.strip() for r in (args.runs or "").split(",") if r.strip()] or None
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        report, label = await audit_version(
-            conn,
-            settings,
-            args.dataset,
-            run_ids,
-            grader=args.grader,
-            method=args.method,
-            threshold=args.threshold,
-            min_agree=args.min_agree,
-        )
-    except (DatasetRefError, LookupError) as exc:
-        fail(str(exc), EXIT_REJECTED)
-    finally:
-        await conn.close()
+    async with database(settings) as conn:
+        try:
+            report, label = await audit_version(
+                conn,
+                settings,
+                args.dataset,
+                run_ids,
+                grader=args.grader,
+                method=args.method,
+                threshold=args.threshold,
+                min_agree=args.min_agree,
+            )
+        except (DatasetRefError, LookupError) as exc:
+            fail(str(exc), EXIT_REJECTED)
     if args.json:
         out_json(report)
     else:

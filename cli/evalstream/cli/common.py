@@ -7,6 +7,8 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -19,6 +21,17 @@ from evalstream.common.lag import topic_partitions
 from evalstream.common.messages import Heartbeat, decode
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
+
+
+@asynccontextmanager
+async def database(settings: Settings) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the results database, for the length of one command."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
 
 EXIT_REJECTED = 2  # the input (dataset, job, grader, run state) was refused
 EXIT_FAILED = 1
@@ -43,10 +56,9 @@ async def run_row(conn: asyncpg.Connection, run_id: str) -> asyncpg.Record:
 async def wait_for_run(
     settings: Settings, run_id: str, *, timeout: float | None, quiet: bool
 ) -> dict[str, Any]:
-    conn = await asyncpg.connect(settings.database_url)
     bar = ProgressBar(run_id)
     deadline = time.monotonic() + timeout if timeout else None
-    try:
+    async with database(settings) as conn:
         while True:
             row = await conn.fetchrow(
                 # `recorded` is kept by the aggregator: no count over the run's rows
@@ -78,8 +90,6 @@ async def wait_for_run(
                     f"run {run_id} did not finish within {timeout:.0f}s (it goes on; see `evalctl status {run_id}`)"
                 )
             await asyncio.sleep(0.5)
-    finally:
-        await conn.close()
 
 
 def problem_text(p: dict[str, Any]) -> str:

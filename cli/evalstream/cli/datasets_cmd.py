@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from evalstream.cli.common import EXIT_REJECTED, fail, out_json
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json
 from evalstream.common import storage
 from evalstream.common.messages import Item
 from evalstream.common.settings import Settings
@@ -190,8 +190,7 @@ def _short(value: Any, width: int = 60) -> str:
 
 async def cmd_datasets(args: argparse.Namespace, settings: Settings) -> None:
 
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         if args.datasets_cmd == "list":
             versions = await list_versions(conn)
             if args.json:
@@ -213,8 +212,6 @@ async def cmd_datasets(args: argparse.Namespace, settings: Settings) -> None:
             a, b = [await load_ref(conn, settings, r) for r in (args.a, args.b)]
         except DatasetRefError as exc:
             fail(str(exc), EXIT_REJECTED)
-    finally:
-        await conn.close()
     d = diff_items(a.items, b.items)
     d = {
         "a": {"content_sha256": a.content_sha256, "label": a.label},

@@ -10,7 +10,7 @@ import time
 
 import asyncpg
 
-from evalstream.cli.common import fail, run_row
+from evalstream.cli.common import database, fail, run_row
 from evalstream.common import topics
 from evalstream.common.jobs import publish_traced
 from evalstream.common.messages import Redrive
@@ -20,15 +20,12 @@ REDRIVE_WAIT_S = 120.0  # how long `dlq redrive` waits for the aggregator to act
 
 
 async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         await run_row(conn, args.run)
         if args.dlq_cmd == "list":
             await list_dead_letters(conn, args.run)
         else:
             await request_redrive(conn, settings, args.run)
-    finally:
-        await conn.close()
 
 
 async def list_dead_letters(conn: asyncpg.Connection, run_id: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import asyncpg
 
-from evalstream.cli.common import EXIT_REJECTED, fail, out_json, print_report, run_row
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json, print_report, run_row
 from evalstream.cli.datasets_cmd import read_items
 from evalstream.cli.reproduce import request_from_manifest
 from evalstream.common import storage
@@ -166,8 +166,7 @@ async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
     except ImportError:
         fail("regrading needs the worker's graders: run it where the whole evalstream package is installed")
     grader = args.grader if args.grader == "auto" else canonical_grader(args.grader)
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         run = await run_row(conn, args.run)
         if run["status"] != "completed" or run["manifest"] is None:
             fail(f"run {args.run} is {run['status']}: only a completed run can be regraded", EXIT_REJECTED)
@@ -194,8 +193,6 @@ async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
         new_run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
         new_manifest = regraded_manifest(manifest, args.run, run["manifest_sha256"], grader)
         summary = await write_run(conn, run, new_run_id, grader, new_manifest, new_rows)
-    finally:
-        await conn.close()
     if not await asyncio.to_thread(mirror_to_s3, settings, new_run_id, new_rows, summary):
         print("evalctl: warning: result files not written to S3 (no aggregator code here)", file=sys.stderr)
     changed = sum(a["correct"] != b["correct"] for a, b in zip(rows, new_rows, strict=True))

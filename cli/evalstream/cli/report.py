@@ -6,11 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import asyncpg
-
 from evalstream.cli.audit import THRESHOLD as AUDIT_THRESHOLD
 from evalstream.cli.audit import accuracy_without_flagged, probability
-from evalstream.cli.common import EXIT_REJECTED, fail, out_json, print_report, run_row
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json, print_report, run_row
 from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.common import report_html
 from evalstream.common.reports import summarise
@@ -18,8 +16,7 @@ from evalstream.common.settings import Settings
 
 
 async def cmd_report(args: argparse.Namespace, settings: Settings) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         await run_row(conn, args.run)
         summary = await summarise(conn, args.run)
         if args.exclude_flagged:
@@ -30,8 +27,6 @@ async def cmd_report(args: argparse.Namespace, settings: Settings) -> None:
             except (DatasetRefError, LookupError) as exc:
                 fail(f"cannot audit the run's dataset: {exc}", EXIT_REJECTED)
         page = report_html.render(await report_html.collect(conn, args.run, summary)) if args.html else None
-    finally:
-        await conn.close()
     if args.html and page is not None:
         Path(args.html).write_text(page, encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)

@@ -25,7 +25,15 @@ from typing import Any
 
 import asyncpg
 
-from evalstream.cli.common import EXIT_REJECTED, fail, out_json, read_heartbeats, run_row, wait_for_run
+from evalstream.cli.common import (
+    EXIT_REJECTED,
+    database,
+    fail,
+    out_json,
+    read_heartbeats,
+    run_row,
+    wait_for_run,
+)
 from evalstream.cli.compare import compare_results, load_results
 from evalstream.cli.datasets_cmd import read_items
 from evalstream.common import fleet, storage
@@ -283,11 +291,8 @@ def print_reproduction(r: dict[str, Any]) -> None:
 
 async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
 
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         run = await run_row(conn, args.run)
-    finally:
-        await conn.close()
     if run["manifest"] is None:
         fail(f"run {args.run} has no manifest (status {run['status']}): nothing to reproduce", EXIT_REJECTED)
     manifest = json.loads(run["manifest"])
@@ -324,11 +329,8 @@ async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
             print(f"compare when it is done: evalctl compare {args.run} {run_id}", file=sys.stderr)
         return
     await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         report = await reproduction_report(conn, args.run, run_id)
-    finally:
-        await conn.close()
     report["warnings"] = plan.warnings
     if args.json:
         out_json(report)

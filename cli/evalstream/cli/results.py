@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-import asyncpg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from evalstream.cli.common import (
+    database,
     fail,
     run_row,
 )
@@ -19,15 +19,12 @@ from evalstream.common.settings import Settings
 
 
 async def cmd_results(args: argparse.Namespace, settings: Settings) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         await run_row(conn, args.run)
         rows = await conn.fetch(
             f"SELECT {', '.join(EXPORT_COLUMNS)} FROM item_results WHERE run_id = $1 ORDER BY item_id",
             args.run,
         )
-    finally:
-        await conn.close()
     records = [dict(r) for r in rows]
     if args.format == "parquet":
         if not args.output:

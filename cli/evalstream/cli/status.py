@@ -7,9 +7,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
 from evalstream.cli.common import (
+    database,
     out_json,
     run_row,
 )
@@ -17,8 +16,7 @@ from evalstream.common.settings import Settings
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         run = await run_row(conn, args.run)
         agg = await conn.fetchrow(
             "SELECT count(*) AS done, count(*) FILTER (WHERE error IS NOT NULL) AS failed,"
@@ -27,8 +25,6 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
             args.run,
         )
         dead = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE run_id = $1", args.run)
-    finally:
-        await conn.close()
     start = run["published_at"] or run["created_at"]
     elapsed = ((agg["last"] if run["status"] == "completed" else None) or _now(start)) - start
     secs = max(elapsed.total_seconds(), 1e-9)
