@@ -21,9 +21,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from deltalake import DeltaTable
 
 from evalstream.aggregator import delta
-from evalstream.aggregator.store import RESULT_COLUMNS
 from evalstream.common import topics
 from evalstream.common.messages import JobSpec, ShardResult, decode, encode
+from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import ROOT, arithmetic_items, evalctl, result_rows, run_status, write_jsonl
