@@ -33,8 +33,10 @@ from evalstream.cli.datasets_cmd import read_items
 from evalstream.cli.reproduce import request_from_manifest
 from evalstream.common import storage
 from evalstream.common.graders import grader_problem, grader_version
+from evalstream.common.manifest import manifest_sha256
 from evalstream.common.messages import Item
 from evalstream.common.reports import summarise
+from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.settings import Settings
 
 GRADING_THREADS = 8
@@ -84,7 +86,6 @@ def regrade_rows(
 async def load_items(settings: Settings, manifest: dict[str, Any]) -> dict[str, Item]:
     """The run's items (gold answers, tests) from its content-addressed dataset copy,
     checked against the content hash its manifest recorded."""
-
     req = request_from_manifest(manifest)
     bucket, key = storage.parse_s3_uri(req.dataset_uri)
     try:
@@ -102,8 +103,6 @@ async def write_run(
     rows: list[dict[str, Any]],
 ) -> dict[str, Any]:  # fmt: skip
     """The new run, its results and its summary, in one transaction."""
-    from evalstream.common.manifest import manifest_sha256
-
     spec = {**json.loads(run["spec"]), "grader": grader, "run_id": new_run_id}
     spec["regrade_of"] = run["run_id"]
     async with conn.transaction():
@@ -125,7 +124,7 @@ async def write_run(
             len(rows),
         )
         if rows:
-            columns = [c for c in rows[0] if c != "recorded_at"]
+            columns = RESULT_COLUMNS  # the written ones: the table also has generated columns
             await conn.executemany(
                 f"INSERT INTO item_results ({', '.join(columns)})"
                 f" VALUES ({', '.join(f'${i + 1}' for i in range(len(columns)))})",
@@ -158,7 +157,6 @@ def mirror_to_s3(
 
 
 async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
-
     if problem := grader_problem(args.grader):
         fail(problem, EXIT_REJECTED)
     try:  # the graders are the worker's code: absent from the producer image
