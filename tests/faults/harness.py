@@ -320,14 +320,14 @@ def shard_records(records: list[Any], run_ids: set[str]) -> list[TimedRecord]:
     return out
 
 
-def recovery_s(results: list[TimedRecord], fault_end: float, in_flight: set[tuple[str, str]]) -> float | None:
-    """Seconds from the fault's end to the first result of an item that was not in flight
-    when it began (None: none came after it)."""
-    fresh = [
-        t.timestamp
-        for t in results
-        if t.timestamp >= fault_end and any((t.run_id, i) not in in_flight for i in t.record.item_ids)
-    ]
+def recovery_s(
+    recorded: list[tuple[str, str, float]], fault_end: float, in_flight: set[tuple[str, str]]
+) -> float | None:
+    """Seconds from the fault's end to the first row (run_id, item_id, recorded at) of an
+    item that was not in flight when the fault began (None: no such row came after it).
+    Rows, not Kafka records: an outage of the aggregator's stores does not stop workers from
+    publishing, only the pipeline from recording."""
+    fresh = [t for run_id, item_id, t in recorded if t >= fault_end and (run_id, item_id) not in in_flight]
     return round(min(fresh) - fault_end, 2) if fresh else None
 
 
@@ -545,7 +545,11 @@ class Scenario:
                 set(self.runs),
             )
             in_flight = {(t.run_id, i) for t in routed for i in t.record.item_ids}
-            recover = recovery_s(results, self.fault_end, in_flight)
+            recover = recovery_s(
+                await _recorded_since(self.settings, list(self.runs), self.fault_end),
+                self.fault_end,
+                in_flight,
+            )
         result = ScenarioResult(self.name, verdicts, recover, total_s, not_done, dict(self.extra))
         result.extra.update(
             shards_total=sum(shard_counts.values()),
@@ -630,6 +634,22 @@ async def _rows(settings: Settings, run_ids: list[str]) -> dict[str, list[Outcom
             Outcome(r["item_id"], r["error"] is not None, float(r["score"]))
         )
     return out
+
+
+async def _recorded_since(
+    settings: Settings, run_ids: list[str], since: float
+) -> list[tuple[str, str, float]]:
+    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT run_id, item_id, extract(epoch FROM recorded_at)::float8 AS t FROM item_results"
+            " WHERE run_id = ANY($1::text[]) AND recorded_at >= to_timestamp($2)",
+            run_ids,
+            since,
+        )
+    finally:
+        await conn.close()
+    return [(r["run_id"], r["item_id"], r["t"]) for r in rows]
 
 
 async def _runs(settings: Settings, run_ids: list[str]) -> dict[str, dict[str, Any]]:

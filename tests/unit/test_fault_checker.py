@@ -153,12 +153,10 @@ def test_run_ids_spread_over_partitions_as_kafka_places_them() -> None:
 
 
 def test_recovery_counts_only_items_not_in_flight_at_the_fault() -> None:
-    from tests.faults.harness import TimedRecord, recovery_s
-
-    def rec(ts: float, *ids: str) -> TimedRecord:
-        return TimedRecord(LogRecord("eval.results", 0, int(ts), ids), "r", ts)
+    from tests.faults.harness import recovery_s
 
     in_flight = {("r", "a"), ("r", "b")}
-    results = [rec(90, "z"), rec(101, "a"), rec(102, "b"), rec(107.5, "b", "c")]
-    assert recovery_s(results, 100.0, in_flight) == 7.5
-    assert recovery_s(results[:3], 100.0, in_flight) is None
+    rows = [("r", "z", 90.0), ("r", "a", 101.0), ("r", "b", 102.0), ("q", "a", 104.0), ("r", "c", 107.5)]
+    assert recovery_s(rows, 100.0, in_flight) == 4.0  # ("q", "a") was not in flight: another run
+    assert recovery_s([r for r in rows if r[0] == "r"], 100.0, in_flight) == 7.5
+    assert recovery_s(rows[:3], 100.0, in_flight) is None

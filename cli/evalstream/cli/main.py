@@ -34,6 +34,7 @@ from evalstream.common.lag import group_lag, topic_partitions
 from evalstream.common.messages import (
     GenerationParams,
     Heartbeat,
+    Item,
     JobSpec,
     RetryPolicy,
     Shard,
@@ -375,6 +376,15 @@ async def cmd_dlq(args: argparse.Namespace, settings: Settings) -> None:
         await conn.close()
 
 
+def redriven(shard: Shard, items: list[Item]) -> Shard:
+    """A dead-lettered shard's items as a new delivery: fresh attempts, due now, not yet
+    routed and never parked (a kept parked_at would make the router find it parked past
+    its timeout and dead-letter it again at once)."""
+    return msgspec.structs.replace(
+        shard, items=items, attempt=1, not_before=0.0, parked_at=0.0, routed_to=None, served_model=None
+    )
+
+
 async def redrive(conn: asyncpg.Connection, settings: Settings, run_id: str) -> int:
     """Puts the run's dead letters that carry items back on eval.shards with fresh attempts.
     Their recorded failures stay until a success replaces them."""
@@ -399,8 +409,9 @@ async def redrive(conn: asyncpg.Connection, settings: Settings, run_id: str) -> 
             todo = [i for i in shard.items if (shard.shard_id, i.id) not in items]
             items.update((shard.shard_id, i.id) for i in todo)
             if todo:
-                fresh = msgspec.structs.replace(shard, items=todo, attempt=1, not_before=0.0, routed_to=None)
-                await producer.send_and_wait(topics.SHARDS, encode(fresh), key=run_id.encode())
+                await producer.send_and_wait(
+                    topics.SHARDS, encode(redriven(shard, todo)), key=run_id.encode()
+                )
     finally:
         await producer.stop()
     await conn.execute("UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", covered)
