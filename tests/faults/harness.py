@@ -262,6 +262,20 @@ async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
+async def committed_offsets(bootstrap: str, work_topic: str) -> dict[int, int]:
+    """The offsets a worker group has committed on its work topic (0 where none yet)."""
+    group = topics.worker_consumer_group(work_topic.removeprefix(topics.WORK_PREFIX))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        out = {}
+        for p in await _partitions(consumer, work_topic):
+            out[p] = await consumer.committed(TopicPartition(work_topic, p)) or 0
+        return out
+    finally:
+        await consumer.stop()
+
+
 async def read_records(
     bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int] | None = None, timeout: float = 120
 ) -> list[Any]:
@@ -272,7 +286,8 @@ async def read_records(
     try:
         tps = [TopicPartition(topic, p) for p in await _partitions(consumer, topic)]
         consumer.assign(tps)
-        ends = end or {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+        now = {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+        ends = {p: min(off, (end or now).get(p, off)) for p, off in now.items()}
         for tp in tps:
             consumer.seek(tp, start.get(tp.partition, 0))
         deadline = time.monotonic() + timeout
@@ -375,7 +390,8 @@ class Scenario:
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     fault_begin: float | None = None
     fault_end: float | None = None
-    routed_at_fault: dict[int, int] | None = None  # work-topic end offsets when the fault began
+    work_window: tuple[dict[int, int], dict[int, int]] | None = None  # work-topic offsets in flight
+    results_at_fault: dict[int, int] | None = None  # eval.results end offsets when the fault began
     # aggregator pid -> the rows of each run when that process started counting
     baselines: dict[int, dict[str, tuple[int, int, float]]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -432,10 +448,29 @@ class Scenario:
         self.extra["rows_at_fault"] = sum(counts.values())
         return counts
 
-    async def fault_begins(self) -> None:
-        """Call right before breaking something (Kafka must still be up)."""
-        self.routed_at_fault = await end_offsets(self.settings.kafka_bootstrap, self.work_topic)
+    async def fault_begins(self, batch_window: int = 4) -> None:
+        """Call right before breaking something (Kafka must still be up). What is in flight
+        now: the shards workers may be working on (up to `batch_window` records past their
+        group's committed offset, per partition: a batch holds at most WORKER_MAX_SHARDS)
+        and the results published but perhaps not yet recorded."""
+        bootstrap = self.settings.kafka_bootstrap
+        committed = await committed_offsets(bootstrap, self.work_topic)
+        self.work_window = (committed, {p: off + batch_window for p, off in committed.items()})
+        self.results_at_fault = await end_offsets(bootstrap, topics.RESULTS)
         self.fault_begin = time.time()
+
+    async def in_flight_at_fault(self) -> set[tuple[str, str]]:
+        assert self.work_window is not None and self.results_at_fault is not None
+        bootstrap, runs = self.settings.kafka_bootstrap, set(self.runs)
+        start, end = self.work_window
+        working = shard_records(await read_records(bootstrap, self.work_topic, start, end), runs)
+        published = result_records(
+            await read_records(
+                bootstrap, topics.RESULTS, self.offsets[topics.RESULTS], self.results_at_fault
+            ),
+            runs,
+        )
+        return {(t.run_id, i) for t in working + published for i in t.record.item_ids}
 
     def fault_ends(self) -> None:
         """Call when the fault is over: the killed thing is being restarted, the paused one
@@ -534,17 +569,8 @@ class Scenario:
         }
         verdicts = [check(h) for h in histories]
         recover = None
-        if self.fault_end is not None and self.routed_at_fault is not None:
-            routed = shard_records(
-                await read_records(
-                    self.settings.kafka_bootstrap,
-                    self.work_topic,
-                    self.offsets[self.work_topic],
-                    self.routed_at_fault,
-                ),
-                set(self.runs),
-            )
-            in_flight = {(t.run_id, i) for t in routed for i in t.record.item_ids}
+        if self.fault_end is not None and self.work_window is not None:
+            in_flight = await self.in_flight_at_fault()
             recover = recovery_s(
                 await _recorded_since(self.settings, list(self.runs), self.fault_end),
                 self.fault_end,

@@ -201,10 +201,12 @@ async def test_03_batch_longer_than_poll_interval(stack: Settings, spawn, tmp_pa
 
 
 @pytest.mark.parametrize("how", ["clean", "kill -9"])
-async def test_04_restart_kafka_mid_run(stack: Settings, group: Group, tmp_path: Path, how: str) -> None:
+async def test_04_restart_kafka_mid_run(stack: Settings, spawn, tmp_path: Path, how: str) -> None:
+    # a slower engine: a broker's clean shutdown takes seconds, the runs must outlast it
+    group = Group(spawn, delay_ms=25)
     await group.start(stack)
     sc = await scenario(f"04 Kafka restart ({how})", stack, group)
-    big, *others = sizes(base=(2000, 1200, 600, 300))
+    big, *others = sizes(floor=200, base=(2000, 1200, 600, 300))
     late_id, *ids = spread_run_ids("kafka", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     await sc.in_flight(at_least_rows=20)
