@@ -148,7 +148,7 @@ async def submit(
     multiplier: float = 2.0,
 ) -> None:
     """Publishes the job straight to eval.jobs, as any Kafka client may. Retries while the
-    broker is away (a run submitted mid-outage), up to a minute."""
+    broker is away (a run submitted mid-outage), up to five minutes."""
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
@@ -161,7 +161,7 @@ async def submit(
         retry=RetryPolicy(max_attempts=max_attempts, base_delay_s=base_delay_s, multiplier=multiplier),
         generation=GenerationParams(max_tokens=8),
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while True:
         producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
         try:
