@@ -105,12 +105,14 @@ def stack_pid(name: str) -> int:
 
 
 def alive_pid(name: str) -> int | None:
+    """The process's pid while it runs; None once it is gone or a zombie (a process that
+    died after `stack.py up` returned is nobody's child to reap)."""
     try:
         pid = stack_pid(name)
-        os.kill(pid, 0)
-        return pid
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, ValueError, IndexError):
         return None
+    return None if state == "Z" else pid
 
 
 def kill(name: str, sig: int = signal.SIGKILL) -> None:

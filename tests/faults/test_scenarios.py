@@ -142,7 +142,7 @@ async def port_closed(port: int, timeout: float = 60) -> None:
 async def results_piling_up(sc: Scenario, at_least: int, timeout: float = 180) -> None:
     """An outage of the aggregator's stores lasts until workers have published results it
     could not write: the point of the scenario is the backlog, not a number of seconds."""
-    start = await end_offsets(sc.settings.kafka_bootstrap, topics.RESULTS)
+    start = sc.results_at_fault or {}  # counted from the fault's beginning
 
     async def piled() -> bool:
         now = await end_offsets(sc.settings.kafka_bootstrap, topics.RESULTS)
@@ -248,10 +248,11 @@ async def test_05_aggregator_dies_between_write_and_commit(stack: Settings, spaw
     verdict(await sc.judge(DEADLINE_S))
 
 
-async def test_06_restart_postgres_mid_run(stack: Settings, group: Group, tmp_path: Path) -> None:
+async def test_06_restart_postgres_mid_run(stack: Settings, spawn, tmp_path: Path) -> None:
+    group = Group(spawn, delay_ms=25)  # the runs outlast the store's shutdown
     await group.start(stack)
     sc = await scenario("06 PostgreSQL restart", stack, group)
-    big, *others = sizes(base=(2000, 1200, 600, 300))
+    big, *others = sizes(floor=200, base=(2000, 1200, 600, 300))
     late_id, *ids = spread_run_ids("pg", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     await sc.in_flight(at_least_rows=20)
@@ -260,16 +261,17 @@ async def test_06_restart_postgres_mid_run(stack: Settings, group: Group, tmp_pa
     stack_cmd("stop", "postgres")
     # the producer cannot record it yet: this run provably had not finished at the fault
     await sc.submit(tmp_path, group.name, big, late_id)
-    await results_piling_up(sc, 10)
+    await results_piling_up(sc, 5)
     sc.fault_ends()
     await sc.restart_stack("--workers", "1")
     verdict(await sc.judge(DEADLINE_S))
 
 
-async def test_07_s3_unavailable(stack: Settings, group: Group, tmp_path: Path) -> None:
+async def test_07_s3_unavailable(stack: Settings, spawn, tmp_path: Path) -> None:
+    group = Group(spawn, delay_ms=25)  # the runs outlast the store's shutdown
     await group.start(stack)
     sc = await scenario("07 S3 store down", stack, group)
-    big, *others = sizes(base=(3000, 1500, 800, 400))
+    big, *others = sizes(floor=200, base=(3000, 1500, 800, 400))
     late_id, *ids = spread_run_ids("s3", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     await sc.in_flight(at_least_rows=20)
@@ -277,7 +279,7 @@ async def test_07_s3_unavailable(stack: Settings, group: Group, tmp_path: Path) 
     stack_cmd("stop", "s3")
     await sc.assert_in_flight()
     await sc.submit(tmp_path, group.name, big, late_id)  # its dataset copy cannot be stored yet
-    await results_piling_up(sc, 20)
+    await results_piling_up(sc, 5)
     sc.fault_ends()
     await sc.restart_stack("--workers", "1")
     verdict(await sc.judge(DEADLINE_S))
