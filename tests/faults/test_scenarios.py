@@ -268,10 +268,10 @@ async def test_06_restart_postgres_mid_run(stack: Settings, spawn, tmp_path: Pat
 
 
 async def test_07_s3_unavailable(stack: Settings, spawn, tmp_path: Path) -> None:
-    group = Group(spawn, delay_ms=25)  # the runs outlast the store's shutdown
+    group = Group(spawn, delay_ms=50)  # the runs outlast the S3 server's slow shutdown
     await group.start(stack)
     sc = await scenario("07 S3 store down", stack, group)
-    big, *others = sizes(floor=200, base=(3000, 1500, 800, 400))
+    big, *others = sizes(floor=300, base=(3000, 1500, 800, 400))
     late_id, *ids = spread_run_ids("s3", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     await sc.in_flight(at_least_rows=20)
