@@ -44,7 +44,7 @@ from evalstream.common.messages import (
 )
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from tests.faults.checker import LogRecord, Outcome, RunCounters, RunHistory, Verdict, check
-from tests.support import ROOT, STACK, unique
+from tests.support import ROOT, STACK, unique, upload_dataset
 
 # make test-faults runs the large sizes (1.0); make test runs every scenario scaled down.
 SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
@@ -140,7 +140,7 @@ def write_dataset(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 async def submit(
     settings: Settings,
-    dataset: Path,
+    dataset: str,
     run_id: str,
     *,
     group: str | None = None,
@@ -155,7 +155,7 @@ async def submit(
     from aiokafka.errors import KafkaError
 
     job = JobSpec(
-        dataset=str(dataset),
+        dataset=dataset,
         model="null",
         run_id=run_id,
         worker_group=group,
@@ -372,6 +372,10 @@ def aggregator_counters(run_ids: set[str]) -> dict[str, tuple[float, float, floa
 # --------------------------------------------------------------------------- scenarios
 
 
+def _prefix(run_id: str) -> str:
+    return run_id.removeprefix("run-").replace("-", "")[:12] + "-"
+
+
 @dataclass
 class Run:
     run_id: str
@@ -406,16 +410,20 @@ class Scenario:
             self.baselines[pid] = {}  # runs not yet submitted: it counts all their rows
         return self
 
+    async def stage(self, tmp_path: Path, n: int, run_id: str) -> str:
+        """The run's dataset, uploaded where `evalctl submit` puts it (the producer reads no
+        local path): its s3:// URI. A run submitted during an S3 outage is staged before it."""
+        path = write_dataset(tmp_path / f"{run_id}.jsonl", items(n, _prefix(run_id)))
+        return await asyncio.to_thread(upload_dataset, self.settings, path)
+
     async def submit(
-        self, tmp_path: Path, group: str, n: int, run_id: str, shard_size: int = 20, **kw: Any
-    ) -> Run:
-        prefix = run_id.removeprefix("run-").replace("-", "")[:12] + "-"
-        rows = items(n, prefix)
-        await submit(
-            self.settings, write_dataset(tmp_path / f"{run_id}.jsonl", rows), run_id,
-            group=group, shard_size=shard_size, **kw,
-        )  # fmt: skip
-        run = self.runs[run_id] = Run(run_id, frozenset(r["id"] for r in rows), shard_size)
+        self, tmp_path: Path, group: str, n: int, run_id: str, shard_size: int = 20, *,
+        staged: str | None = None, **kw: Any,
+    ) -> Run:  # fmt: skip
+        uri = staged or await self.stage(tmp_path, n, run_id)
+        await submit(self.settings, uri, run_id, group=group, shard_size=shard_size, **kw)
+        ids = frozenset(r["id"] for r in items(n, _prefix(run_id)))
+        run = self.runs[run_id] = Run(run_id, ids, shard_size)
         return run
 
     async def submit_spread(

@@ -274,11 +274,12 @@ async def test_07_s3_unavailable(stack: Settings, spawn, tmp_path: Path) -> None
     big, *others = sizes(floor=300, base=(3000, 1500, 800, 400))
     late_id, *ids = spread_run_ids("s3", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
+    staged = await sc.stage(tmp_path, big, late_id)  # uploaded before the outage, as evalctl would
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     stack_cmd("stop", "s3")
     await sc.assert_in_flight()
-    await sc.submit(tmp_path, group.name, big, late_id)  # its dataset copy cannot be stored yet
+    await sc.submit(tmp_path, group.name, big, late_id, staged=staged)  # the producer cannot copy it yet
     await results_piling_up(sc, 5)
     sc.fault_ends()
     await sc.restart_stack("--workers", "1")
