@@ -57,24 +57,43 @@ _consumer = {
 @telemetry.traced_batch(topics.AGGREGATOR_GROUP)
 async def on_results(msg: KafkaMessage) -> None:
     records = service.records_of(msg)
-    results: list[ItemResult] = []
+    delivered: list[tuple[service.Record, ShardResult]] = []
     for record in records:
         try:
-            results.extend(decode(record.value or b"", ShardResult).results)
+            delivered.append((record, decode(record.value or b"", ShardResult)))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             await service.dead_letter(
                 broker, record.value or b"", service.dead_letter_headers(record, exc), key=record.key
             )
-    known = await store().known_runs(r.run_id for r in results)
-    unknown = [r for r in results if r.run_id not in known]
-    if unknown:
-        log.warning("dropping %d results of unknown runs, e.g. %s", len(unknown), unknown[0].run_id)
-    results = [r for r in results if r.run_id in known]
+    known = await store().known_runs(r.run_id for _, sr in delivered for r in sr.results)
+    results: list[ItemResult] = []
+    for record, shard_result in delivered:
+        foreign = {r.run_id for r in shard_result.results} - known
+        if foreign:
+            await park_unknown_run(record, sorted(foreign)[0])
+        else:
+            results.extend(shard_result.results)
     successes = [r for r in results if r.error is None]
     written = await store().write(successes, [r for r in results if r.error is not None])
     crash_point("aggregator_exit_after_write")
     await observe(written_results(results, written))
     await after_write({(r.run_id, r.shard_id) for r in results})
+
+
+async def park_unknown_run(record: service.Record, run_id: str) -> None:
+    """Results of a run the database does not know (deleted, restored from an older
+    backup, or never created) are kept as a dead letter, not dropped: `evalctl dlq list`
+    shows them, and nothing of them is lost if the run reappears."""
+    log.warning(
+        "results of unknown run %s dead-lettered (%s:%d@%d)",
+        run_id,
+        record.topic,
+        record.partition,
+        record.offset,
+    )
+    error = f"results of unknown run {run_id}"
+    headers = service.dead_letter_headers(record, error, run_id=run_id)
+    await service.dead_letter(broker, record.value or b"", headers, key=record.key, reason="unknown_run")
 
 
 @broker.subscriber(topics.DLQ, group_id=topics.AGGREGATOR_DLQ_GROUP, **_consumer)  # type: ignore[call-overload]
@@ -102,6 +121,7 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
                 original_offset=_int(headers.get(H.ORIGINAL_OFFSET)),
                 dlq_partition=record.partition,
                 dlq_offset=record.offset,
+                dlq_timestamp=record.timestamp,
                 error=error,
                 headers=headers,
                 payload=record.value or b"",

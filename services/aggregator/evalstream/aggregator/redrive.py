@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from evalstream.aggregator.store import ResultStore
-from evalstream.common.messages import Shard, decode
+from evalstream.common.messages import Item, Shard, decode
 
 log = logging.getLogger("evalstream.aggregator.redrive")
 
@@ -36,10 +36,17 @@ def fresh_shards(letters: list[tuple[int, bytes]]) -> tuple[list[int], list[Shar
         todo = [i for i in shard.items if (shard.shard_id, i.id) not in seen]
         seen.update((shard.shard_id, i.id) for i in todo)
         if todo:
-            shards.append(
-                msgspec.structs.replace(shard, items=todo, attempt=1, not_before=0.0, routed_to=None)
-            )
+            shards.append(redriven(shard, todo))
     return covered, shards
+
+
+def redriven(shard: Shard, items: list[Item]) -> Shard:
+    """A dead-lettered shard's items as a new delivery: fresh attempts, due now, not yet
+    routed and never parked (a kept parked_at would make the router find it parked past
+    its timeout and dead-letter it again at once)."""
+    return msgspec.structs.replace(
+        shard, items=items, attempt=1, not_before=0.0, parked_at=0.0, routed_to=None, served_model=None
+    )
 
 
 async def redrive_run(store: ResultStore, run_id: str, publish: Publish) -> int:

@@ -63,6 +63,7 @@ class DeadLetterRecord:
     original_offset: int | None
     dlq_partition: int
     dlq_offset: int
+    dlq_timestamp: int  # the record's, in ms: with partition and offset, it names the record
     error: str | None
     headers: dict[str, str]
     payload: bytes
@@ -90,8 +91,9 @@ class ResultStore:
             if dead_letters:
                 await conn.executemany(
                     "INSERT INTO dead_letters (run_id, item_id, original_topic, original_partition, original_offset,"
-                    " dlq_partition, dlq_offset, error, headers, payload) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
-                    " ON CONFLICT (dlq_partition, dlq_offset) DO NOTHING",
+                    " dlq_partition, dlq_offset, dlq_timestamp, error, headers, payload)"
+                    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
+                    " ON CONFLICT (dlq_partition, dlq_offset, dlq_timestamp) DO NOTHING",
                     [
                         (
                             d.run_id,
@@ -101,6 +103,7 @@ class ResultStore:
                             d.original_offset,
                             d.dlq_partition,
                             d.dlq_offset,
+                            d.dlq_timestamp,
                             d.error,
                             json.dumps(d.headers),
                             d.payload,
