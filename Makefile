@@ -11,8 +11,8 @@ export EVALSTREAM_STACK := $(STACK)
 
 help:
 	@echo "make demo        stack up + the bundled sample set through the default model, report printed"
-	@echo "make test        stack up (installing on first use) + the test suite"
-	@echo "make test-faults the fault-injection scenarios (long)"
+	@echo "make test        stack up (installing on first use) + the test suite, fault scenarios scaled down"
+	@echo "make test-faults the fault-injection scenarios at full size (long)"
 	@echo "make bench       benchmarks, JSON into bench/results/"
 	@echo "make up|down|ps|clean   the local stack (WORKERS=n make up for n workers); folder: $(STACK)"
 	@echo "make lint        ruff + mypy"
@@ -40,15 +40,23 @@ demo: up
 	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo.jsonl --name demo --wait
 	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo_code.jsonl --name demo-code --max-tokens 200 --wait
 
+# The whole suite: the development stack's tests, then every fault scenario scaled down
+# (FAULTS_CI_SCALE) on the fault stack, which is brought up for it and down after it.
+FAULTS_CI_SCALE ?= 0.2
 test: up
-	@$(PY) -m pytest -m "not slow and (not faults or fast)" $(PYTEST_ARGS)
+	@$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-faults FAULTS_SCALE=$(FAULTS_CI_SCALE); rc=$$?; \
+	  $(MAKE) --no-print-directory down-faults; exit $$rc
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The fault suite kills brokers and databases: it gets a stack of its own, every port shifted
 # by 2000, data in .stack-faults/, so the development stack is never disturbed.
-FAULTS_ENV := EVALSTREAM_PORT_OFFSET=2000 EVALSTREAM_STACK=$(CURDIR)/.stack-faults WORKER_MODEL=null,replay:*
+# FAULTS_SCALE sizes the scenarios' runs (1: full size, results in bench/results/faults.json).
+FAULTS_SCALE ?= 1
+FAULTS_ENV := EVALSTREAM_PORT_OFFSET=2000 EVALSTREAM_STACK=$(CURDIR)/.stack-faults WORKER_MODEL=null,replay:* \
+  FAULTS_SCALE=$(FAULTS_SCALE)
 test-faults: venv
 	@env $(FAULTS_ENV) $(PY) ops/local/stack.py up --workers 1
 	@env $(FAULTS_ENV) bash -c 'eval "$$($(PY) ops/local/stack.py env)" && $(PY) -m pytest -m faults $(PYTEST_ARGS)'

@@ -51,7 +51,8 @@ class PipelineRun:
 def submit(dataset: Path, *extra: str) -> str:
     """`evalctl submit DATASET EXTRA...` in this process (no interpreter start in the
     timing): validates, uploads and publishes exactly as the command does; returns the run id."""
-    from evalstream.cli.main import build_parser, cmd_submit
+    from evalstream.cli.main import build_parser
+    from evalstream.cli.submit import cmd_submit
     from evalstream.common.settings import Settings
 
     args = build_parser().parse_args(["submit", str(dataset), *extra])

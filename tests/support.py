@@ -200,3 +200,8 @@ def wandb_records(path: Path) -> list[Any]:
             out.append(record)
             pending = b""
     return out
+
+
+def sample_path(name: str = "demo.jsonl") -> Path:
+    """A sample dataset the producer ships (`demo.jsonl`, `demo_code.jsonl`: `make demo` runs them)."""
+    return ROOT / "services" / "producer" / "evalstream" / "producer" / "samples" / name

@@ -40,8 +40,8 @@ _BASE = [
 ]
 
 SERVICE_ROOTS: dict[str, list[str]] = {
-    # The producer image also runs `python -m evalstream.common.bootstrap` (topics, buckets, schema)
-    # and carries evalctl: datasets (pyarrow), S3 (minio), PostgreSQL (asyncpg), reports.
+    # The producer image also runs `python -m evalstream.common.bootstrap` (topics, buckets, schema):
+    # datasets (pyarrow), S3 (minio), PostgreSQL (asyncpg), reports.
     "producer": [*_BASE, "asyncpg", "minio", "pyarrow", "httpx", "numpy"],
     # Kafka only: shards in, work out, lag and heartbeats for scoring.
     "router": [*_BASE],

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evalstream.producer.datasets import sample_path
 from tests.e2e.helpers import results_jsonl, submit_wait
+from tests.support import sample_path
 
 pytestmark = [pytest.mark.stack, pytest.mark.model]
 

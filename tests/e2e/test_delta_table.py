@@ -21,13 +21,21 @@ from aiokafka.admin import AIOKafkaAdminClient
 from deltalake import DeltaTable
 
 from evalstream.aggregator import delta
-from evalstream.aggregator.store import RESULT_COLUMNS
 from evalstream.common import topics
 from evalstream.common.messages import JobSpec, ShardResult, decode, encode
+from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import ROOT, arithmetic_items, evalctl, result_rows, run_status, write_jsonl
-from tests.support import STACK, duckdb_delta, read_topic_since, topic_end_offsets, unique, wait_until
+from tests.support import (
+    STACK,
+    duckdb_delta,
+    read_topic_since,
+    topic_end_offsets,
+    unique,
+    upload_dataset,
+    wait_until,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -100,7 +108,7 @@ async def test_delta_table_equals_postgres_after_kill_redelivery_and_redrive(
         stack_cmd("up", env={"FAULT_INJECT": "aggregator_exit_after_delta=2"})
     run_id = unique("run-delta")
     job = JobSpec(
-        dataset=str(write_jsonl(tmp_path / "d.jsonl", arithmetic_items(60, prefix="d"))),
+        dataset=upload_dataset(stack, write_jsonl(tmp_path / "d.jsonl", arithmetic_items(60, prefix="d"))),
         model="null",
         run_id=run_id,
         worker_group=group,

@@ -32,13 +32,14 @@ async def test_429_storm_slows_the_run_but_loses_and_duplicates_nothing(
     items = arithmetic_items(ITEMS, prefix=unique("s"))
     with FakeProvider() as provider:
         worker, port = spawn(
-            "evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="openai:*", STORM_API_KEY=SECRET
-        )
+            "evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="openai:*", STORM_API_KEY=SECRET,
+            WORKER_API_KEYS=f"{provider.url}/*=STORM_API_KEY",  # the operator maps the key to the endpoint
+        )  # fmt: skip
         await asyncio.to_thread(worker.wait_healthy, port)
 
         def run(model: str, name: str) -> tuple[dict[str, Any], float]:
             started = time.monotonic()
-            spec = provider.spec(model, key_env="STORM_API_KEY", concurrency=8)
+            spec = provider.spec(model, concurrency=8)
             summary = submit_wait(
                 write_jsonl(tmp_path / f"{name}.jsonl", items), "--model", spec, "--worker-group", group,
                 "--shard-size", "10", timeout=240,
@@ -65,6 +66,8 @@ async def test_429_storm_slows_the_run_but_loses_and_duplicates_nothing(
     assert [r["error"] for r in rows] == [None] * ITEMS
     assert summary["accuracy"] == 1.0
     assert answered == ITEMS  # each item answered by the provider exactly once
+    # the key the operator mapped to this endpoint went with every request
+    assert {r.headers.get("Authorization") for r in provider.requests} == {f"Bearer {SECRET}"}
     # slower: the storm was ridden out by waiting, not by losing items
     assert refused >= 8 and retries >= refused - 8  # (the last round's refusals may be in flight)
     assert elapsed >= 3.0 and elapsed > calm_s + 2.0

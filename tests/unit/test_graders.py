@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from evalstream.common.graders import grader_problem
 from evalstream.common.messages import Item
-from evalstream.common.specs import grader_problem
 from evalstream.worker.engines.base import PermanentEngineError, TransientEngineError
 from evalstream.worker.grading import (
     GRADER_NAMES,
@@ -417,7 +417,11 @@ class TestJudge:
         with pytest.raises(PermanentEngineError):  # no verdict for this item: an engine failure
             grade("?", Item(id="zzz"))
 
-    def test_openai_judge_sees_question_reference_response_and_rubric(self) -> None:
+    def test_openai_judge_sees_question_reference_response_and_rubric(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("WORKER_MODEL", "openai:*")  # the operator allows API judges
+
         def verdict(messages: list[dict[str, Any]]) -> str:
             prompt = messages[-1]["content"]
             return "VERDICT: CORRECT" if "Response to grade:\n1889" in prompt else "VERDICT: INCORRECT"
@@ -435,7 +439,8 @@ class TestJudge:
                      "Rubric:\nThe completion year is enough.", "VERDICT: CORRECT or VERDICT: INCORRECT"):  # fmt: skip
             assert part in prompt
 
-    def test_judge_engine_failure_is_raised_for_a_retry(self) -> None:
+    def test_judge_engine_failure_is_raised_for_a_retry(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("WORKER_MODEL", "openai:*")
         with FakeProvider() as provider:
             provider.script = lambda n, body: Reply(status=503)
             grade = judge(provider.spec("judge-model", retries=0))

@@ -20,13 +20,11 @@ import msgspec
 import pytest
 
 from evalstream.cli.reproduce import plan_reproduction, request_from_manifest
+from evalstream.common import manifest as manifest_mod
+from evalstream.common.datasets import LoadedDataset, load_dataset
+from evalstream.common.graders import DEFAULT_TEMPLATES, grader_problem, graders_for
+from evalstream.common.manifest import build_manifest, hashed_part, manifest_differences, manifest_sha256
 from evalstream.common.messages import GenerationParams, Item, JobSpec, RetryPolicy, Shard
-from evalstream.common.prompts import DEFAULT_TEMPLATES
-from evalstream.common.specs import grader_problem
-from evalstream.common.versions import graders_for
-from evalstream.producer import manifest as manifest_mod
-from evalstream.producer.datasets import LoadedDataset, load_dataset
-from evalstream.producer.manifest import build_manifest, hashed_part, manifest_differences, manifest_sha256
 from evalstream.worker.grading import grader_version as worker_grader_version
 from evalstream.worker.prompting import build_messages
 
@@ -130,7 +128,7 @@ def test_manifest_hash_is_independent_of_the_process() -> None:
     digest = manifest_sha256(reference_manifest())
     # another interpreter, another hash seed, another working directory: the same hash
     script = (
-        "from evalstream.producer import manifest as m\n"
+        "from evalstream.common import manifest as m\n"
         f"m.code_version = lambda: {CODE!r}\n"
         "from tests.unit.test_manifest import reference_manifest\n"
         "print(m.manifest_sha256(reference_manifest()))\n"
@@ -140,7 +138,12 @@ def test_manifest_hash_is_independent_of_the_process() -> None:
         capture_output=True,
         text=True,
         cwd="/",
-        env={**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)},
+        # the same code as this process imports (its PYTHONPATH, if any, after the checkout)
+        env={
+            **os.environ,
+            "PYTHONHASHSEED": "12345",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
         check=True,
     )
     assert out.stdout.strip() == digest

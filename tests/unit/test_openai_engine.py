@@ -13,6 +13,7 @@ from email.utils import formatdate
 import pytest
 
 from evalstream.common.messages import ChatMessage, GenerationParams
+from evalstream.common.settings import Settings
 from evalstream.worker.engines import EngineConfigError, load_engine, validate_spec
 from evalstream.worker.engines.base import GenOutput, GenRequest, PermanentEngineError, TransientEngineError
 from evalstream.worker.engines.openai import (
@@ -43,12 +44,9 @@ def req(i: int, question: str | None = None, **params: object) -> GenRequest:
 
 def test_parse_target_options_from_query_then_env_then_defaults() -> None:
     env = {"OPENAI_RPS": "3", "OPENAI_CONCURRENCY": "2", "OPENAI_TIMEOUT_S": "7.5"}
-    c = parse_target(
-        "deepseek-chat@https://api.deepseek.com/v1/?concurrency=16&key_env=DEEPSEEK_API_KEY", env
-    )
+    c = parse_target("deepseek-chat@https://API.deepseek.com/v1/?concurrency=16", env)
     assert (c.model, c.base_url) == ("deepseek-chat", "https://api.deepseek.com/v1")
     assert (c.concurrency, c.rps, c.rpm, c.timeout_s, c.max_retries) == (16, 3.0, 0.0, 7.5, 6)
-    assert c.key_env == "DEEPSEEK_API_KEY"
     assert parse_target("Qwen/Qwen2.5-7B@http://127.0.0.1:8000/v1", {}).model == "Qwen/Qwen2.5-7B"
 
 
@@ -57,9 +55,17 @@ def test_parse_target_options_from_query_then_env_then_defaults() -> None:
     [
         ("m@http://h/v1?rps=fast", "rps='fast' is not a float"),
         ("m@http://h/v1?burst=3", "unknown option(s) burst"),
-        ("m@http://h/v1?concurrency=0", "concurrency must be >= 1"),
-        ("m@http://h/v1?key_env=A-B", "not an environment variable name"),
+        ("m@http://h/v1?concurrency=0", "concurrency must be in 1..64"),
+        ("m@http://h/v1?concurrency=65", "concurrency must be in 1..64"),
+        ("m@http://h/v1?timeout=86400", "timeout must be in 0.001..120"),
+        ("m@http://h/v1?retries=1000", "retries must be in 0..8"),
+        # a job never names the variable a worker reads its key from
+        ("m@http://h/v1?key_env=DATABASE_URL", "unknown option(s) key_env"),
         ("m@ftp://h/v1", "neither an http(s) base url nor a provider preset"),
+        # two readers splitting on different '@'s must not be possible: one '@', no user info
+        ("m@https://good/v1@https://evil/v1", "exactly one '@'"),
+        ("m@https://user:pw@good/v1", "exactly one '@'"),
+        ("m@https://good/v1#frag", "fragment"),
     ],
 )
 def test_parse_target_rejects(target: str, fragment: str) -> None:
@@ -161,12 +167,16 @@ def provider() -> Iterator[FakeProvider]:
 
 def engine_for(provider: FakeProvider, **overrides: object) -> OpenAIEngine:
     options: dict[str, object] = {"backoff_base_s": 0.02, "backoff_cap_s": 0.2, "timeout_s": 5.0, **overrides}
-    config = OpenAIConfig(model="fake-model", base_url=provider.url, key_env="FAKE_API_KEY", **options)  # type: ignore[arg-type]
-    return OpenAIEngine(config, env={"FAKE_API_KEY": SECRET}, rng=random.Random(1))
+    config = OpenAIConfig(model="fake-model", base_url=provider.url, **options)  # type: ignore[arg-type]
+    rules = f"{provider.url}/*=FAKE_API_KEY"
+    return OpenAIEngine(config, key_rules=rules, env={"FAKE_API_KEY": SECRET}, rng=random.Random(1))
+
+
+ALLOW_OPENAI = Settings(worker_model="openai:*")
 
 
 def test_answers_usage_and_what_is_sent(provider: FakeProvider) -> None:
-    engine = load_engine(provider.spec(key_env="NO_SUCH_KEY_VARIABLE"), settings=None)  # type: ignore[arg-type]
+    engine = load_engine(provider.spec(), ALLOW_OPENAI)
     try:
         assert engine.revision == f"fake-model@{provider.url}" and engine.cacheable
         out = engine.generate([req(1, max_tokens=17, stop=["\n\n"]), req(2, temperature=0.5, seed=3)])
@@ -332,4 +342,4 @@ def test_the_key_is_sent_but_never_shown(provider: FakeProvider, caplog: pytest.
 
 def test_load_engine_rejects_bad_options() -> None:
     with pytest.raises(EngineConfigError, match="unknown option"):
-        load_engine("openai:m@http://127.0.0.1:1/v1?speed=3", settings=None)  # type: ignore[arg-type]
+        load_engine("openai:m@http://127.0.0.1:1/v1?speed=3", ALLOW_OPENAI)

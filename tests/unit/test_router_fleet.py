@@ -167,7 +167,7 @@ def test_config_from_settings_refuses_bad_values() -> None:
 
 
 def test_evalctl_workers_row_judges_groups_as_the_router_does() -> None:
-    from evalstream.cli.main import worker_group_row
+    from evalstream.cli.workers import worker_group_row
 
     beats = [
         beat("a", "a-1", ts=NOW - 1, gpu_utilization=0.6, latency_p95_ms=300),

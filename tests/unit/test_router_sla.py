@@ -45,16 +45,16 @@ def test_tiers_count_the_thresholds_reached() -> None:
 
 
 def test_fallback_chain_and_candidates_per_tier() -> None:
-    mapping = sla.parse_fallback("hf:big=hf:medium, hf:medium=hf:small")
-    assert sla.chain("hf:big", mapping) == ["hf:big", "hf:medium", "hf:small"]
+    mapping = sla.parse_fallback("hf:big.gguf=hf:medium.gguf, hf:medium.gguf=hf:small.gguf")
+    assert sla.chain("hf:big.gguf", mapping) == ["hf:big.gguf", "hf:medium.gguf", "hf:small.gguf"]
     assert sla.chain("null", mapping) == ["null"]
-    assert sla.candidates("hf:big", mapping, 0) == ["hf:big", "hf:medium", "hf:small"]
-    assert sla.candidates("hf:big", mapping, 1) == ["hf:medium", "hf:small", "hf:big"]
-    assert sla.candidates("hf:big", mapping, 2) == ["hf:small", "hf:medium", "hf:big"]
-    assert sla.candidates("hf:big", mapping, 7) == ["hf:small", "hf:medium", "hf:big"]
-    assert sla.candidates("hf:medium", mapping, 1) == ["hf:small", "hf:medium"]
+    assert sla.candidates("hf:big.gguf", mapping, 0) == ["hf:big.gguf", "hf:medium.gguf", "hf:small.gguf"]
+    assert sla.candidates("hf:big.gguf", mapping, 1) == ["hf:medium.gguf", "hf:small.gguf", "hf:big.gguf"]
+    assert sla.candidates("hf:big.gguf", mapping, 2) == ["hf:small.gguf", "hf:medium.gguf", "hf:big.gguf"]
+    assert sla.candidates("hf:big.gguf", mapping, 7) == ["hf:small.gguf", "hf:medium.gguf", "hf:big.gguf"]
+    assert sla.candidates("hf:medium.gguf", mapping, 1) == ["hf:small.gguf", "hf:medium.gguf"]
     assert sla.chain("a", {"a": "b", "b": "a"}) == ["a", "b"]  # a cycle ends the chain
-    for bad in ("hf:big", "hf:big=", "hf:big=hf:big", "a=b,a=c"):
+    for bad in ("hf:big.gguf", "hf:big.gguf=", "hf:big.gguf=hf:big.gguf", "a=b,a=c"):
         with pytest.raises(ValueError):
             sla.parse_fallback(bad)
 
@@ -94,7 +94,7 @@ def make_shard(opt_in: bool, pinned: str | None = None) -> Shard:
         shard_id="s",
         shard_index=0,
         shard_count=1,
-        model="hf:big",
+        model="hf:big.gguf",
         grader="auto",
         generation=GenerationParams(),
         items=[Item(id="1", question="2+2?", answer="4")],
@@ -109,7 +109,7 @@ def router() -> Router:
         RouterConfig(
             sla_p95_ms=1000,
             sla_tiers=(0.3, 0.6),
-            fallback=(("hf:big", "hf:medium"), ("hf:medium", "hf:small")),
+            fallback=(("hf:big.gguf", "hf:medium.gguf"), ("hf:medium.gguf", "hf:small.gguf")),
         )
     )
 
@@ -117,9 +117,9 @@ def router() -> Router:
 def feed(router: Router, big_slow: int, of: int = 10) -> None:
     """`of` heartbeats of the big group over the last seconds, `big_slow` of them too slow."""
     for i in range(of):
-        router.observe(beat("big", "hf:big", p95=5000 if i < big_slow else 100, ts=NOW - of + i))
-    router.observe(beat("medium", "hf:medium"))
-    router.observe(beat("small", "hf:small"))
+        router.observe(beat("big", "hf:big.gguf", p95=5000 if i < big_slow else 100, ts=NOW - of + i))
+    router.observe(beat("medium", "hf:medium.gguf"))
+    router.observe(beat("small", "hf:small.gguf"))
 
 
 @pytest.mark.parametrize(
@@ -129,31 +129,31 @@ def feed(router: Router, big_slow: int, of: int = 10) -> None:
 def test_opted_in_runs_step_down_a_tier_at_a_time(router: Router, slow: int, group: str, tier: int) -> None:
     feed(router, big_slow=slow)  # rate = 0.7 · slow / 10
     placed = router.decide(make_shard(opt_in=True), NOW)
-    assert placed == Placement(group, f"hf:{group}", tier)
+    assert placed == Placement(group, f"hf:{group}.gguf", tier)
 
 
 def test_runs_that_dont_opt_in_or_pin_a_group_keep_their_model(router: Router) -> None:
     feed(router, big_slow=10)
-    assert router.decide(make_shard(opt_in=False), NOW) == Placement("big", "hf:big", 0)
-    assert router.decide(make_shard(opt_in=True, pinned="big"), NOW) == Placement("big", "hf:big", 0)
+    assert router.decide(make_shard(opt_in=False), NOW) == Placement("big", "hf:big.gguf", 0)
+    assert router.decide(make_shard(opt_in=True, pinned="big"), NOW) == Placement("big", "hf:big.gguf", 0)
 
 
 def test_fallback_skips_a_model_without_healthy_groups(router: Router) -> None:
     feed(router, big_slow=10)
-    router.observe(beat("small", "hf:small", ts=NOW - 60))  # small's only member went silent
-    assert router.decide(make_shard(opt_in=True), NOW) == Placement("medium", "hf:medium", 2)
+    router.observe(beat("small", "hf:small.gguf", ts=NOW - 60))  # small's only member went silent
+    assert router.decide(make_shard(opt_in=True), NOW) == Placement("medium", "hf:medium.gguf", 2)
     # a non-opted run whose model has no healthy group waits
     for i in range(10):
-        router.observe(beat("big", "hf:big", ts=NOW - 60, n=i))
+        router.observe(beat("big", "hf:big.gguf", ts=NOW - 60, n=i))
     assert router.decide(make_shard(opt_in=False), NOW) is Blocked.NO_GROUP
 
 
 def test_the_violation_window_is_60_seconds(router: Router) -> None:
     for i in range(10):
-        router.observe(beat("big", "hf:big", p95=5000, ts=NOW - 70 + i))  # a bad minute ago
-    router.observe(beat("big", "hf:big", p95=100, ts=NOW))
-    router.observe(beat("medium", "hf:medium"))
-    assert router.decide(make_shard(opt_in=True), NOW) == Placement("big", "hf:big", 0)
+        router.observe(beat("big", "hf:big.gguf", p95=5000, ts=NOW - 70 + i))  # a bad minute ago
+    router.observe(beat("big", "hf:big.gguf", p95=100, ts=NOW))
+    router.observe(beat("medium", "hf:medium.gguf"))
+    assert router.decide(make_shard(opt_in=True), NOW) == Placement("big", "hf:big.gguf", 0)
 
 
 # --------------------------------------------------------------------------- in the worker
@@ -175,10 +175,12 @@ def test_worker_serves_the_routed_model_and_says_so() -> None:
         return NamedEngine(spec)
 
     runner = ModelRunner(RunnerConfig(group="light"), engine_for, cache=None)
-    fallback = msgspec.structs.replace(make_shard(opt_in=True), served_model="hf:small", routed_to="light")
+    fallback = msgspec.structs.replace(
+        make_shard(opt_in=True), served_model="hf:small.gguf", routed_to="light"
+    )
     plain = msgspec.structs.replace(make_shard(opt_in=False), shard_id="s2")
     outcome = asyncio.run(runner.run([fallback, plain]))
-    assert set(asked) == {"hf:small", "hf:big"}
-    assert [r.served_by for r in outcome.results["s"]] == ["light/hf:small"]
-    assert [r.response for r in outcome.results["s"]] == ["4 from hf:small"]
-    assert [r.served_by for r in outcome.results["s2"]] == ["light/hf:big"]
+    assert set(asked) == {"hf:small.gguf", "hf:big.gguf"}
+    assert [r.served_by for r in outcome.results["s"]] == ["light/hf:small.gguf"]
+    assert [r.response for r in outcome.results["s"]] == ["4 from hf:small.gguf"]
+    assert [r.served_by for r in outcome.results["s2"]] == ["light/hf:big.gguf"]

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from evalstream.cli.datasets_cmd import diff_items, read_items
-from evalstream.common import versions
+from evalstream.common import graders
+from evalstream.common.datasets import load_dataset, write_stored_copy
 from evalstream.common.messages import ChatMessage, Item
-from evalstream.producer.datasets import load_dataset, sample_path
-from evalstream.producer.intake import write_stored_copy
+from tests.support import sample_path
 
 RECORDS: list[dict[str, Any]] = [
     {"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i), "category": "arithmetic"}
@@ -141,10 +141,10 @@ def test_grader_versions_have_one_source() -> None:
     from evalstream.worker import grading
 
     for name in ("auto", "numeric", "exact"):
-        assert grading.grader_version(name) == versions.grader_version(name)
+        assert grading.grader_version(name) == graders.grader_version(name)
     assert (
-        versions.grader_version("numeric")
-        == f"numeric/{versions.GRADER_VERSIONS['numeric']} clean/{versions.CLEAN_VERSION}"
+        graders.grader_version("numeric")
+        == f"numeric/{graders.GRADER_VERSIONS['numeric']} clean/{graders.CLEAN_VERSION}"
     )
     with pytest.raises(ValueError):
-        versions.grader_version("fuzzy")
+        graders.grader_version("fuzzy")

@@ -36,6 +36,8 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json
+from evalstream.cli.datasets_cmd import DatasetRefError, load_ref
 from evalstream.cli.reliability import CATEGORICAL, Estimate, Observation, estimate
 from evalstream.common.messages import Item
 from evalstream.common.settings import Settings
@@ -460,7 +462,6 @@ async def audit_version(
 ) -> tuple[dict[str, Any], str]:
     """(the audit report of a dataset version with its runs, the dataset's label). Raises
     DatasetRefError or LookupError for a dataset or run that is not there."""
-    from evalstream.cli.datasets_cmd import load_ref
 
     dataset = await load_ref(conn, settings, dataset_ref)
     runs, run_of, graders = await runs_by_model(conn, dataset.content_sha256, run_ids)
@@ -473,26 +474,22 @@ async def audit_version(
 
 
 async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.datasets_cmd import DatasetRefError
-    from evalstream.cli.main import EXIT_REJECTED, fail, out_json
 
     run_ids = [r.strip() for r in (args.runs or "").split(",") if r.strip()] or None
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        report, label = await audit_version(
-            conn,
-            settings,
-            args.dataset,
-            run_ids,
-            grader=args.grader,
-            method=args.method,
-            threshold=args.threshold,
-            min_agree=args.min_agree,
-        )
-    except (DatasetRefError, LookupError) as exc:
-        fail(str(exc), EXIT_REJECTED)
-    finally:
-        await conn.close()
+    async with database(settings) as conn:
+        try:
+            report, label = await audit_version(
+                conn,
+                settings,
+                args.dataset,
+                run_ids,
+                grader=args.grader,
+                method=args.method,
+                threshold=args.threshold,
+                min_agree=args.min_agree,
+            )
+        except (DatasetRefError, LookupError) as exc:
+            fail(str(exc), EXIT_REJECTED)
     if args.json:
         out_json(report)
     else:

@@ -24,6 +24,7 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.common import database, out_json, run_row
 from evalstream.common import items, items_html
 from evalstream.common.paired import (
     BOOTSTRAP_RESAMPLES,
@@ -160,19 +161,14 @@ async def load_results(conn: asyncpg.Connection, run_id: str) -> list[dict[str, 
 
 
 async def cmd_compare(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import _run_row, out_json
-
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        runs = [await _run_row(conn, r) for r in (args.run_a, args.run_b)]
+    async with database(settings) as conn:
+        runs = [await run_row(conn, r) for r in (args.run_a, args.run_b)]
         results = [await load_results(conn, r) for r in (args.run_a, args.run_b)]
         comparison = compare_results(*results, resamples=args.resamples, seed=args.seed)
         comparison = {"run_a": args.run_a, "run_b": args.run_b, **comparison}
         labels = [f"{r['run_id']} ({r['model']}, {r['status']})" for r in runs]
         if args.html:
             await write_html(conn, comparison, labels, Path(args.html))
-    finally:
-        await conn.close()
     if args.json:
         out_json(comparison)
         return

@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json
 from evalstream.common import storage
 from evalstream.common.messages import Item
 from evalstream.common.settings import Settings
@@ -80,7 +81,7 @@ def diff_items(a: Sequence[Item], b: Sequence[Item]) -> dict[str, Any]:
 
 def read_items(data: bytes, filename: str) -> tuple[str, list[Item]]:
     """(content_sha256, items) of a dataset file's bytes, validated as the producer does."""
-    from evalstream.producer.datasets import load_dataset
+    from evalstream.common.datasets import load_dataset
 
     loaded = load_dataset(data, filename)
     return loaded.content_sha256, loaded.items
@@ -102,7 +103,7 @@ async def resolve_version(conn: asyncpg.Connection, ref: str) -> asyncpg.Record:
 
 async def load_ref(conn: asyncpg.Connection, settings: Settings, ref: str) -> Dataset:
     """A dataset named by a file path or a version's content hash (prefix)."""
-    from evalstream.producer.datasets import DatasetError
+    from evalstream.common.datasets import DatasetError
 
     path = Path(ref)
     try:
@@ -188,10 +189,8 @@ def _short(value: Any, width: int = 60) -> str:
 
 
 async def cmd_datasets(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import EXIT_REJECTED, fail, out_json
 
-    conn = await asyncpg.connect(settings.database_url)
-    try:
+    async with database(settings) as conn:
         if args.datasets_cmd == "list":
             versions = await list_versions(conn)
             if args.json:
@@ -213,8 +212,6 @@ async def cmd_datasets(args: argparse.Namespace, settings: Settings) -> None:
             a, b = [await load_ref(conn, settings, r) for r in (args.a, args.b)]
         except DatasetRefError as exc:
             fail(str(exc), EXIT_REJECTED)
-    finally:
-        await conn.close()
     d = diff_items(a.items, b.items)
     d = {
         "a": {"content_sha256": a.content_sha256, "label": a.label},

@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.common import fail, out_json, wait_for_run
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 
@@ -272,8 +273,6 @@ async def export_on_completion(settings: Settings, run_id: str, trackers: list[s
 
 
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import fail, out_json, wait_for_run
-
     if args.wait:
         await wait_for_run(settings, args.run, timeout=args.timeout, quiet=True)
     try:

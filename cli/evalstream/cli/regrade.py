@@ -28,12 +28,16 @@ from typing import Any
 
 import asyncpg
 
+from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json, print_report, run_row
+from evalstream.cli.datasets_cmd import read_items
+from evalstream.cli.reproduce import request_from_manifest
 from evalstream.common import storage
+from evalstream.common.graders import grader_problem, grader_version
+from evalstream.common.manifest import manifest_sha256
 from evalstream.common.messages import Item
 from evalstream.common.reports import summarise
+from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.settings import Settings
-from evalstream.common.specs import grader_problem
-from evalstream.common.versions import grader_version
 
 GRADING_THREADS = 8
 GRADED_COLUMNS = ("extracted", "correct", "score", "error")  # what a regrade may change
@@ -82,10 +86,6 @@ def regrade_rows(
 async def load_items(settings: Settings, manifest: dict[str, Any]) -> dict[str, Item]:
     """The run's items (gold answers, tests) from its content-addressed dataset copy,
     checked against the content hash its manifest recorded."""
-    from evalstream.cli.datasets_cmd import read_items
-    from evalstream.cli.main import EXIT_REJECTED, fail
-    from evalstream.cli.reproduce import request_from_manifest
-
     req = request_from_manifest(manifest)
     bucket, key = storage.parse_s3_uri(req.dataset_uri)
     try:
@@ -103,8 +103,6 @@ async def write_run(
     rows: list[dict[str, Any]],
 ) -> dict[str, Any]:  # fmt: skip
     """The new run, its results and its summary, in one transaction."""
-    from evalstream.producer.manifest import manifest_sha256
-
     spec = {**json.loads(run["spec"]), "grader": grader, "run_id": new_run_id}
     spec["regrade_of"] = run["run_id"]
     async with conn.transaction():
@@ -126,7 +124,7 @@ async def write_run(
             len(rows),
         )
         if rows:
-            columns = [c for c in rows[0] if c != "recorded_at"]
+            columns = RESULT_COLUMNS  # the written ones: the table also has generated columns
             await conn.executemany(
                 f"INSERT INTO item_results ({', '.join(columns)})"
                 f" VALUES ({', '.join(f'${i + 1}' for i in range(len(columns)))})",
@@ -159,8 +157,6 @@ def mirror_to_s3(
 
 
 async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import EXIT_REJECTED, _run_row, fail, out_json, print_report
-
     if problem := grader_problem(args.grader):
         fail(problem, EXIT_REJECTED)
     try:  # the graders are the worker's code: absent from the producer image
@@ -168,9 +164,8 @@ async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
     except ImportError:
         fail("regrading needs the worker's graders: run it where the whole evalstream package is installed")
     grader = args.grader if args.grader == "auto" else canonical_grader(args.grader)
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        run = await _run_row(conn, args.run)
+    async with database(settings) as conn:
+        run = await run_row(conn, args.run)
         if run["status"] != "completed" or run["manifest"] is None:
             fail(f"run {args.run} is {run['status']}: only a completed run can be regraded", EXIT_REJECTED)
         manifest = json.loads(run["manifest"])
@@ -196,8 +191,6 @@ async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
         new_run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
         new_manifest = regraded_manifest(manifest, args.run, run["manifest_sha256"], grader)
         summary = await write_run(conn, run, new_run_id, grader, new_manifest, new_rows)
-    finally:
-        await conn.close()
     if not await asyncio.to_thread(mirror_to_s3, settings, new_run_id, new_rows, summary):
         print("evalctl: warning: result files not written to S3 (no aggregator code here)", file=sys.stderr)
     changed = sum(a["correct"] != b["correct"] for a, b in zip(rows, new_rows, strict=True))

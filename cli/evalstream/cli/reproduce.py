@@ -20,20 +20,31 @@ import asyncio
 import json
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 
-from evalstream.common import storage, topics
-from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, encode
-from evalstream.common.prompts import effective_templates
+from evalstream.cli.common import (
+    EXIT_REJECTED,
+    database,
+    fail,
+    out_json,
+    read_heartbeats,
+    run_row,
+    wait_for_run,
+)
+from evalstream.cli.compare import compare_results, load_results
+from evalstream.cli.datasets_cmd import read_items
+from evalstream.common import fleet, storage
+from evalstream.common.datasets import DatasetError
+from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
+from evalstream.common.jobs import new_run_id, publish_job
+from evalstream.common.manifest import code_version, manifest_differences
+from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
 from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
-from evalstream.common.specs import grader_problem, serves, spec_problem
-from evalstream.common.versions import grader_version, graders_for
+from evalstream.common.specs import serves, spec_problem
 
 
 @dataclass(frozen=True)
@@ -176,8 +187,6 @@ def _code(c: dict[str, Any]) -> str:
 
 async def dataset_problem(settings: Settings, req: Request) -> str | None:
     """Why the stored dataset copy cannot be used, or None."""
-    from evalstream.cli.datasets_cmd import read_items
-    from evalstream.producer.datasets import DatasetError
 
     try:
         bucket, key = storage.parse_s3_uri(req.dataset_uri)
@@ -197,38 +206,21 @@ async def dataset_problem(settings: Settings, req: Request) -> str | None:
 
 async def serving_groups(settings: Settings, model: str) -> list[str]:
     """Worker groups with a live member whose advertised models include `model`."""
-    from evalstream.cli.main import read_heartbeats
 
     now = time.time()
     return sorted(
         {
             hb.group
             for hb in await read_heartbeats(settings.kafka_bootstrap)
-            if hb.status in ("ready", "starting")
-            and now - hb.ts <= settings.router_heartbeat_timeout_s
-            and serves(hb.model, model)
+            if fleet.is_live(hb, now, settings.router_heartbeat_timeout_s) and serves(hb.model, model)
         }
     )
-
-
-async def publish(settings: Settings, job: JobSpec) -> None:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True
-    )
-    await producer.start()
-    try:
-        assert job.run_id is not None
-        await producer.send_and_wait(topics.JOBS, encode(job), key=job.run_id.encode())
-    finally:
-        await producer.stop()
 
 
 # --------------------------------------------------------------------------- comparison
 
 
 async def reproduction_report(conn: asyncpg.Connection, original: str, new: str) -> dict[str, Any]:
-    from evalstream.cli.compare import compare_results, load_results
-    from evalstream.producer.manifest import manifest_differences
 
     runs = {
         r["run_id"]: r
@@ -298,23 +290,18 @@ def print_reproduction(r: dict[str, Any]) -> None:
 
 
 async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
-    from evalstream.cli.main import EXIT_REJECTED, _run_row, fail, out_json, wait_for_run
-    from evalstream.producer.manifest import code_version
 
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        run = await _run_row(conn, args.run)
-    finally:
-        await conn.close()
+    async with database(settings) as conn:
+        run = await run_row(conn, args.run)
     if run["manifest"] is None:
         fail(f"run {args.run} has no manifest (status {run['status']}): nothing to reproduce", EXIT_REJECTED)
     manifest = json.loads(run["manifest"])
     req = request_from_manifest(manifest)
-    new_run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_id = new_run_id()
     plan = plan_reproduction(
         args.run,
         manifest,
-        new_run_id=new_run_id,
+        new_run_id=run_id,
         dataset_problem=await dataset_problem(settings, req),
         serving_groups=await serving_groups(settings, req.model),
         code=code_version(),
@@ -325,28 +312,25 @@ async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
     if plan.job is None:
         fail(f"cannot reproduce {args.run}:\n  " + "\n  ".join(plan.blockers), EXIT_REJECTED)
     assert plan.job is not None
-    await publish(settings, plan.job)
-    print(f"submitted {new_run_id}: reproduction of {args.run}, model {req.model}", file=sys.stderr)
+    await publish_job(settings.kafka_bootstrap, plan.job)
+    print(f"submitted {run_id}: reproduction of {args.run}, model {req.model}", file=sys.stderr)
     if not args.wait:
         if args.json:
             out_json(
                 {
                     "original": args.run,
-                    "reproduction": new_run_id,
+                    "reproduction": run_id,
                     "status": "submitted",
                     "warnings": plan.warnings,
                 }
             )
         else:
-            print(new_run_id)
-            print(f"compare when it is done: evalctl compare {args.run} {new_run_id}", file=sys.stderr)
+            print(run_id)
+            print(f"compare when it is done: evalctl compare {args.run} {run_id}", file=sys.stderr)
         return
-    await wait_for_run(settings, new_run_id, timeout=args.timeout, quiet=args.json)
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        report = await reproduction_report(conn, args.run, new_run_id)
-    finally:
-        await conn.close()
+    await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
+    async with database(settings) as conn:
+        report = await reproduction_report(conn, args.run, run_id)
     report["warnings"] = plan.warnings
     if args.json:
         out_json(report)

@@ -11,6 +11,8 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from evalstream.common.specs import DEFAULT_MODEL
+
 SCHEMA_VERSION = 1
 
 
@@ -67,7 +69,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Published to eval.jobs by `evalctl submit` or any Kafka client."""
 
     dataset: str  # s3://<datasets bucket>/key, or a file under the producer's DATASET_LOCAL_ROOT
-    model: str = "hf:smollm2-135m-instruct"
+    model: str = DEFAULT_MODEL
     grader: str = "auto"
     generation: GenerationParams = msgspec.field(default_factory=GenerationParams)
     prompt_template: str | None = None
@@ -187,6 +189,16 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     tokens_per_s: float = 0.0
     error_rate: float = 0.0
     status: WorkerStatus = "ready"
+    schema_version: int = SCHEMA_VERSION
+
+
+class Redrive(msgspec.Struct, frozen=True, kw_only=True):
+    """Published to eval.control by `evalctl dlq redrive RUN`: the aggregator, which owns the
+    dead letters, puts the run's dead-lettered items back on eval.shards with fresh attempts
+    and marks the letters redriven (evalctl writes no table itself)."""
+
+    run_id: str
+    kind: Literal["redrive"] = "redrive"
     schema_version: int = SCHEMA_VERSION
 
 

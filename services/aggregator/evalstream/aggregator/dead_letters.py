@@ -6,15 +6,19 @@ belongs to no item."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 
 import msgspec
+from faststream.kafka import KafkaBroker
 
 from evalstream.aggregator.store import DeadLetterRecord
 from evalstream.common import evidence
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import ItemResult, Shard, decode
-from evalstream.common.service import Record
+from evalstream.common.service import Record, dead_letter, dead_letter_headers
+
+log = logging.getLogger("evalstream.aggregator")
 
 
 def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord], list[ItemResult]]:
@@ -37,6 +41,7 @@ def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord]
                 original_offset=_int(headers.get(H.ORIGINAL_OFFSET)),
                 dlq_partition=record.partition,
                 dlq_offset=record.offset,
+                dlq_timestamp=record.timestamp,
                 error=error,
                 headers=headers,
                 payload=record.value or b"",
@@ -74,3 +79,18 @@ def _int(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+async def park_unknown_run(broker: KafkaBroker, record: Record, run_id: str) -> None:
+    """Results of a run the database does not know (deleted, restored from an older
+    backup, or never created) are kept as a dead letter, not dropped: `evalctl dlq list`
+    shows them, and nothing of them is lost if the run reappears."""
+    log.warning(
+        "results of unknown run %s dead-lettered (%s:%d@%d)",
+        run_id,
+        record.topic,
+        record.partition,
+        record.offset,
+    )
+    headers = dead_letter_headers(record, f"results of unknown run {run_id}", run_id=run_id)
+    await dead_letter(broker, record.value or b"", headers, key=record.key, reason="unknown_run")

@@ -13,22 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from minio import Minio
 
-from evalstream.aggregator.store import RESULT_COLUMNS
 from evalstream.common import storage
 from evalstream.common.keys import shard_object_name
+from evalstream.common.results import RESULT_COLUMNS, arrow_schema
 
-# The columns of item_results, in its order, so that S3 mirrors PostgreSQL column for column.
-_TYPES = {
-    "correct": pa.bool_(),
-    "score": pa.float64(),
-    "attempts": pa.int32(),
-    "cache_hit": pa.bool_(),
-    "latency_ms": pa.float64(),
-    "prompt_tokens": pa.int32(),
-    "completion_tokens": pa.int32(),
-    "truncated": pa.bool_(),
-}
-SCHEMA = pa.schema([(c, _TYPES.get(c, pa.string())) for c in RESULT_COLUMNS])
+SCHEMA = arrow_schema(RESULT_COLUMNS)  # S3 mirrors PostgreSQL column for column
 
 
 def rows_to_parquet(rows: list[asyncpg.Record] | list[dict[str, Any]]) -> bytes:

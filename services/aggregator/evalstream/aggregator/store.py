@@ -17,43 +17,10 @@ import msgspec
 
 from evalstream.common.messages import ItemResult
 from evalstream.common.reports import summarise
+from evalstream.common.results import RESULT_COLUMNS, pg_type
 
-RESULT_COLUMNS = (
-    "run_id",
-    "item_id",
-    "shard_id",
-    "response",
-    "extracted",
-    "correct",
-    "score",
-    "error",
-    "attempts",
-    "cache_hit",
-    "latency_ms",
-    "served_by",
-    "model_revision",
-    "prompt_tokens",
-    "completion_tokens",
-    "truncated",
-    "category",
-    "question",
-    "gold",
-    "prompt",
-    "detail",
-    "evidence",
-)
-_TYPES = {
-    "correct": "boolean",
-    "score": "float8",
-    "attempts": "int4",
-    "cache_hit": "boolean",
-    "latency_ms": "float8",
-    "prompt_tokens": "int4",
-    "completion_tokens": "int4",
-    "truncated": "boolean",
-}
 # One statement per batch: every column as an array, unnested server-side.
-_UNNEST = ", ".join(f"${i + 1}::{_TYPES.get(c, 'text')}[]" for i, c in enumerate(RESULT_COLUMNS))
+_UNNEST = ", ".join(f"${i + 1}::{pg_type(c)}[]" for i, c in enumerate(RESULT_COLUMNS))
 _UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in RESULT_COLUMNS[2:]) + ", recorded_at = now()"
 _INSERT = f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)}) SELECT * FROM unnest({_UNNEST}) "
 
@@ -98,6 +65,7 @@ class DeadLetterRecord:
     original_offset: int | None
     dlq_partition: int
     dlq_offset: int
+    dlq_timestamp: int  # the record's, in ms: with partition and offset, it names the record
     error: str | None
     headers: dict[str, str]
     payload: bytes
@@ -128,8 +96,9 @@ class ResultStore:
             if dead_letters:
                 await conn.executemany(
                     "INSERT INTO dead_letters (run_id, item_id, original_topic, original_partition, original_offset,"
-                    " dlq_partition, dlq_offset, error, headers, payload) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)"
-                    " ON CONFLICT (dlq_partition, dlq_offset) DO NOTHING",
+                    " dlq_partition, dlq_offset, dlq_timestamp, error, headers, payload)"
+                    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
+                    " ON CONFLICT (dlq_partition, dlq_offset, dlq_timestamp) DO NOTHING",
                     [
                         (
                             d.run_id,
@@ -139,6 +108,7 @@ class ResultStore:
                             d.original_offset,
                             d.dlq_partition,
                             d.dlq_offset,
+                            d.dlq_timestamp,
                             d.error,
                             json.dumps(d.headers),
                             d.payload,
@@ -216,3 +186,16 @@ class ResultStore:
                 msgspec.json.encode(summary).decode(),
             )
         return bool(first), summary
+
+    async def dead_letters_to_redrive(self, run_id: str) -> list[tuple[int, bytes]]:
+        """(id, payload) of the run's dead letters not yet redriven, oldest first."""
+        rows = await self.pool.fetch(
+            "SELECT id, payload FROM dead_letters WHERE run_id = $1 AND redriven_at IS NULL ORDER BY id",
+            run_id,
+        )
+        return [(r["id"], bytes(r["payload"])) for r in rows]
+
+    async def mark_redriven(self, ids: list[int]) -> None:
+        await self.pool.execute(
+            "UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", ids
+        )

@@ -13,7 +13,6 @@ import logging
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import BinaryIO
 
 import asyncpg
 import msgspec
@@ -21,16 +20,15 @@ from minio import Minio
 
 from evalstream.common import intake_limits, keys, storage
 from evalstream.common.contract import JobRejected
+from evalstream.common.datasets import DatasetError, LoadedDataset, Problem, load_dataset, write_stored_copy
+from evalstream.common.jobs import job_problems
+from evalstream.common.manifest import build_manifest, manifest_sha256
 from evalstream.common.messages import Item, JobSpec, Shard, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import ProducerSettings
-from evalstream.common.specs import grader_problem, spec_problem
-from evalstream.producer.datasets import DatasetError, LoadedDataset, Problem, load_dataset
-from evalstream.producer.manifest import build_manifest, manifest_sha256
 
 log = logging.getLogger("evalstream.producer")
 
-MAX_SHARD_SIZE = 1000
 # A job that names no shard size: shards of AUTO_SHARD_MIN items, or bigger for a large set
 # so that it is cut into about AUTO_SHARDS_PER_RUN, up to AUTO_SHARD_MAX (auto_shard_size).
 AUTO_SHARD_MIN, AUTO_SHARD_MAX, AUTO_SHARDS_PER_RUN = 32, 256, 256
@@ -47,34 +45,6 @@ class Rejection:
         return json.dumps(
             [msgspec.to_builtins(p) if isinstance(p, msgspec.Struct) else p.__dict__ for p in self.problems]
         )
-
-
-def job_problems(job: JobSpec) -> list[Problem]:
-    """Everything wrong with the job apart from its dataset."""
-    out = [
-        Problem(line=None, field=f, message=m)
-        for f, m in (
-            ("model", spec_problem(job.model)),
-            ("grader", grader_problem(job.grader)),
-        )
-        if m
-    ]
-    out += [Problem(line=None, field="generation", message=m) for m in job.generation.problems()]
-    if job.shard_size is not None and not 1 <= job.shard_size <= MAX_SHARD_SIZE:
-        out.append(
-            Problem(line=None, field="shard_size", message=f"shard_size must be in 1..{MAX_SHARD_SIZE}")
-        )
-    out += [Problem(line=None, field="retry", message=m) for m in job.retry.problems()]
-    out += [Problem(line=None, field=f, message=m) for f, m in intake_limits.job_limit_problems(job)]
-    if (
-        job.prompt_template is not None
-        and "{question}" not in job.prompt_template
-        and "{prompt}" not in job.prompt_template
-    ):
-        out.append(
-            Problem(line=None, field="prompt_template", message="template has no {question} placeholder")
-        )
-    return out
 
 
 def chunk_items(items: list[Item], max_items: int, max_bytes: int) -> list[list[Item]]:
@@ -125,14 +95,6 @@ def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
         )
         for i, chunk in enumerate(chunks)
     ]
-
-
-def write_stored_copy(items: Iterable[Item], out: BinaryIO) -> None:
-    """The dataset as stored in S3 (and read back by reproductions): JSONL of the items,
-    which loads back to the same content hash."""
-    for item in items:
-        out.write(encode(item))
-        out.write(b"\n")
 
 
 async def publish_all(payloads: Iterable[bytes], key: str, publish: Publish) -> None:

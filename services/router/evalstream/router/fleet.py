@@ -1,7 +1,8 @@
 """The router's view of the worker fleet: members from heartbeats, load from consumer lag.
 
-A member is live while its last heartbeat is younger than ROUTER_HEARTBEAT_TIMEOUT_S and
-it is not stopped; a group with no live member is dead and gets no new shards.
+Liveness is the shared rule (evalstream.common.fleet): a member is live while its last
+heartbeat is younger than ROUTER_HEARTBEAT_TIMEOUT_S and it is ready or starting; a group
+with no live member is dead and gets no new shards.
 
 A group's outstanding work is counted in shards: the consumer lag of its consumer group on
 its work topic (read periodically from Kafka), plus the shards this router sent it since
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from evalstream.common import fleet
 from evalstream.common.messages import Heartbeat
 from evalstream.common.specs import serves
 from evalstream.router.policy import GroupView
@@ -36,11 +38,7 @@ class Group:
     drain_rate: float | None = None
 
     def live_members(self, now: float, timeout_s: float) -> list[Heartbeat]:
-        return [
-            hb
-            for hb in self.members.values()
-            if now - hb.ts <= timeout_s and hb.status in ("ready", "starting")
-        ]
+        return fleet.live_members(self.members.values(), now, timeout_s)
 
     @property
     def outstanding(self) -> int:
@@ -157,7 +155,4 @@ class Fleet:
         return max(0.0, now - group.last_seen - self.heartbeat_timeout_s)
 
     def health(self, group: Group, now: float) -> str:
-        live = len(group.live_members(now, self.heartbeat_timeout_s))
-        if not live:
-            return "dead"
-        return "healthy" if live == len(group.members) else "degraded"
+        return fleet.group_health(len(group.live_members(now, self.heartbeat_timeout_s)), len(group.members))

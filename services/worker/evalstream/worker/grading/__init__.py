@@ -1,6 +1,7 @@
 """Graders: small factories returning `Grader` callables, one module each, plus the registry.
 
-A job names its grader with a SPEC (evalstream.common.specs): a name, or `name:argument`
+A job names its grader with a SPEC (evalstream.common.graders, which holds every grader's
+name, version, argument and default template): a name, or `name:argument`
 for the graders that take one:
 
     exact      normalised text equality            (exact.py)
@@ -24,12 +25,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evalstream.common.messages import Item
-from evalstream.common.specs import GRADER_NAMES, grader_problem, split_grader
+from evalstream.common import graders as registry
 
-# versions are kept in the shared library: the producer records them in run manifests
-from evalstream.common.versions import AUTO, GRADER_VERSIONS, grader_version
-from evalstream.common.versions import AUTO_VERSION as GRADER_VERSION
+# names, versions, arguments and templates are the shared library's (one table, which the
+# producer checks jobs against and records in run manifests); this package implements them
+from evalstream.common.graders import (
+    AUTO,
+    GRADER_NAMES,
+    GRADER_VERSIONS,
+    grader_problem,
+    grader_version,
+    split_grader,
+)
+from evalstream.common.graders import AUTO_VERSION as GRADER_VERSION
+from evalstream.common.messages import Item
 from evalstream.worker.grading import (
     code_exec,
     contains,
@@ -81,6 +90,7 @@ GRADERS: dict[str, GraderKind] = {  # by canonical name
     "code": _plain(code_exec.code_exec, code_exec.problem),
     "judge": GraderKind(judge.judge, judge.problem),
 }
+assert set(GRADERS) == set(registry.GRADERS), "every registered grader has one implementation"
 
 
 def canonical_grader(spec: str) -> str:

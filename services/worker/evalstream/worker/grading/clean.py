@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-# Changing the cleaning changes grades: bump CLEAN_VERSION in evalstream.common.versions.
+# Changing the cleaning changes grades: bump CLEAN_VERSION in evalstream.common.graders.
 
 # Responses are untrusted and may be huge: every scan here is linear in the text (no pattern
 # that can backtrack over a long run), e.g. "<think>" * 15000 or "```" + "a" * 50000.

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 import signal
 
+from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import defines, extract_code, strip_think
 from evalstream.worker.sandbox import DEFAULT_LIMITS, Limits, SandboxResult, run_program

@@ -5,8 +5,8 @@ collapsed, not inside a longer word or number ("Paris" is not in "Parisian", "42
 
 from __future__ import annotations
 
+from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 from evalstream.worker.grading.exact import contains_word, normalize

@@ -14,9 +14,8 @@ import json
 import math
 from typing import Any
 
+from evalstream.common.graders import GRADER_VERSIONS, json_path
 from evalstream.common.messages import Item
-from evalstream.common.specs import json_path
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import extract_json
 from evalstream.worker.grading.exact import normalize

@@ -8,9 +8,10 @@ reasoning before it, and any <think> block, are ignored). A reply without a verd
 as wrong, with the reply's start in `detail`. A judge engine that fails (rate limits after
 its retries...) raises its EngineError, so the item is retried like any engine failure.
 
-The judge's engine is loaded once per worker (through load_engine, with the worker's
-environment: an `openai:` judge reads its own key variable) and called greedily with
-JUDGE_PARAMS; a replay judge answers by item id.
+The judge's engine is loaded once per worker through load_engine, like any model: only if
+the group's allow-list (WORKER_MODEL) covers it (else the item fails with NotServed and no
+request is made), with the key the operator mapped to its endpoint (WORKER_API_KEYS), if
+any. It is called greedily with JUDGE_PARAMS; a replay judge answers by item id.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import contextlib
 import re
 import threading
 
+from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import ChatMessage, GenerationParams, Item
 from evalstream.common.settings import WorkerSettings
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.engines import Engine, EngineError, GenRequest, load_engine
 from evalstream.worker.grading.base import Grade, Grader
 from evalstream.worker.grading.clean import clean_response
@@ -80,7 +81,7 @@ def judge(spec: str | None = None, *, engine: Engine | None = None) -> Grader:
     if engine is None:
         if not spec:
             raise ValueError("the judge grader needs a model SPEC: judge:<model SPEC>")
-        engine = load_engine(spec, WorkerSettings.from_env())
+        engine = load_engine(spec, WorkerSettings.from_env(), role="judge")
     judge_engine = engine
     # engines that batch on a device are not safe to call from several grading threads
     serial = contextlib.nullcontext() if getattr(engine, "thread_safe", False) else threading.Lock()

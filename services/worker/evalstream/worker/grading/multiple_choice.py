@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 import string
 
+from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 from evalstream.worker.grading.exact import contains_word, normalize

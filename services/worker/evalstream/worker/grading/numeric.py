@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import re
 
+from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
-from evalstream.common.versions import GRADER_VERSIONS
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
 

@@ -26,11 +26,10 @@ from typing import Any
 
 import msgspec
 
+from evalstream.common.graders import effective_templates, grader_version, graders_for, templates_sha256
 from evalstream.common.keys import canonical_json
 from evalstream.common.messages import JobSpec
-from evalstream.common.prompts import effective_templates, templates_sha256
 from evalstream.common.settings import ProducerSettings
-from evalstream.common.versions import grader_version, graders_for
 
 MANIFEST_VERSION = 2
 UNHASHED = ("source", "execution")  # top-level sections the hash leaves out

@@ -1,4 +1,5 @@
-"""Dataset readers and validation.
+"""Dataset readers and validation, shared by the producer's intake and evalctl (which checks
+a file before uploading it, and reads stored copies for `datasets` and `reproduce`).
 
 A run must never start on a question set that turns out to be broken half-way through, so
 the producer reads and validates the *whole* file before it publishes a single shard, and
@@ -22,11 +23,11 @@ import string
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import msgspec
 
-from evalstream.common.messages import ChatMessage, Item
+from evalstream.common.messages import ChatMessage, Item, encode
 
 __all__ = [
     "DEFAULT_MAX_ITEM_BYTES",
@@ -36,7 +37,7 @@ __all__ = [
     "content_sha256",
     "load_dataset",
     "load_dataset_file",
-    "sample_path",
+    "write_stored_copy",
 ]
 
 # Kafka's default max.message.bytes is 1 MiB; one item must fit in a shard message with room
@@ -126,11 +127,6 @@ def load_dataset_file(
     """Reads and validates a local dataset file (see `load_dataset`)."""
     p = Path(path)
     return load_dataset(p.read_bytes(), p.name, max_item_bytes=max_item_bytes)
-
-
-def sample_path(name: str = "demo.jsonl") -> Path:
-    """Path of a bundled sample dataset (`demo.jsonl`, `demo_code.jsonl`)."""
-    return Path(__file__).parent / "samples" / name
 
 
 def load_dataset(
@@ -672,3 +668,11 @@ def _quiet_id(rec: dict[str, Any], name: str) -> str | None:
 def _is_humaneval(fields: Iterable[str]) -> bool:
     names = set(fields)
     return set(_HUMANEVAL_REQUIRED) <= names and "id" not in names
+
+
+def write_stored_copy(items: Iterable[Item], out: BinaryIO) -> None:
+    """The dataset as stored in S3 (and read back by reproductions): JSONL of the items,
+    which loads back to the same content hash."""
+    for item in items:
+        out.write(encode(item))
+        out.write(b"\n")

@@ -1,0 +1,61 @@
+"""The columns of an item result, once: their order and types in PostgreSQL (item_results)
+and in Parquet (the aggregator's per-shard files in S3, `evalctl results --format parquet`),
+so that every copy of the results has the same columns with the same types."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+# name -> (PostgreSQL type, Arrow type), in item_results' column order
+COLUMN_TYPES: dict[str, tuple[str, pa.DataType]] = {
+    "run_id": ("text", pa.string()),
+    "item_id": ("text", pa.string()),
+    "shard_id": ("text", pa.string()),
+    "response": ("text", pa.string()),
+    "extracted": ("text", pa.string()),
+    "correct": ("boolean", pa.bool_()),
+    "score": ("float8", pa.float64()),
+    "error": ("text", pa.string()),
+    "attempts": ("int4", pa.int32()),
+    "cache_hit": ("boolean", pa.bool_()),
+    "latency_ms": ("float8", pa.float64()),
+    "served_by": ("text", pa.string()),
+    "model_revision": ("text", pa.string()),
+    "prompt_tokens": ("int4", pa.int32()),
+    "completion_tokens": ("int4", pa.int32()),
+    "truncated": ("boolean", pa.bool_()),
+    "category": ("text", pa.string()),
+    # what the item browser shows beside the answer (the evidence is JSON, stored as text)
+    "question": ("text", pa.string()),
+    "gold": ("text", pa.string()),
+    "prompt": ("text", pa.string()),
+    "detail": ("text", pa.string()),
+    "evidence": ("text", pa.string()),
+}
+RESULT_COLUMNS = tuple(COLUMN_TYPES)  # what the aggregator writes, to PostgreSQL and S3
+# One record per item as `evalctl results` gives it (DESIGN.md's command table), plus the category.
+EXPORT_COLUMNS = (
+    "item_id",
+    "response",
+    "extracted",
+    "correct",
+    "score",
+    "error",
+    "attempts",
+    "cache_hit",
+    "latency_ms",
+    "served_by",
+    "category",
+)
+
+
+def pg_type(column: str) -> str:
+    return COLUMN_TYPES[column][0]
+
+
+def arrow_schema(columns: Sequence[str] = RESULT_COLUMNS) -> pa.Schema:
+    """The Parquet schema of `columns` (declared, never inferred: a column that is all nulls
+    in one file keeps its type)."""
+    return pa.schema([(c, COLUMN_TYPES[c][1]) for c in columns])

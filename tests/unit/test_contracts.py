@@ -1,0 +1,53 @@
+"""Contracts kept once in libs/common: result columns and their types, worker liveness, run
+ids. Each is read by more than one component; these tests pin what they all rely on."""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalstream.aggregator import objects, store
+from evalstream.common import fleet
+from evalstream.common.jobs import RUN_ID, new_run_id
+from evalstream.common.messages import Heartbeat
+from evalstream.common.results import EXPORT_COLUMNS, RESULT_COLUMNS, arrow_schema
+
+
+def test_parquet_types_are_declared_not_inferred() -> None:
+    # a shard whose items all failed has only nulls in `correct`: still a boolean column
+    rows = [{c: None for c in RESULT_COLUMNS} | {"run_id": "r", "item_id": "a", "shard_id": "s"}]
+    table = pq.read_table(io.BytesIO(objects.rows_to_parquet(rows)))
+    assert table.schema == arrow_schema(RESULT_COLUMNS)
+    assert table.schema.field("correct").type == pa.bool_()
+    assert table.schema.field("attempts").type == pa.int32()
+
+
+def test_the_aggregator_writes_every_result_column_with_its_declared_type() -> None:
+    assert objects.SCHEMA.names == list(RESULT_COLUMNS)
+    assert store.UPSERT_SUCCESS.startswith(f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)})")
+    assert "$6::boolean[]" in store.UPSERT_SUCCESS and "$9::int4[]" in store.UPSERT_SUCCESS
+
+
+def test_export_columns_are_result_columns() -> None:
+    assert set(EXPORT_COLUMNS) <= set(RESULT_COLUMNS)
+    assert arrow_schema(EXPORT_COLUMNS).names[:2] == ["item_id", "response"]
+
+
+def beat(worker: str, ts: float, status: str = "ready") -> Heartbeat:
+    return Heartbeat(worker_id=worker, group="g", model="null", device="cpu", ts=ts, status=status)  # type: ignore[arg-type]
+
+
+def test_liveness_rule() -> None:
+    now = 1000.0
+    beats = [beat("a", now - 1), beat("b", now - 16), beat("c", now, "draining"), beat("d", now, "starting")]
+    assert [hb.worker_id for hb in fleet.live_members(beats, now, 15.0)] == ["a", "d"]
+    assert fleet.group_health(2, 3) == "degraded"
+    assert fleet.group_health(3, 3) == "healthy"
+    assert fleet.group_health(0, 3) == "dead"
+
+
+def test_run_ids() -> None:
+    ids = {new_run_id() for _ in range(200)}
+    assert len(ids) == 200 and all(RUN_ID.fullmatch(i) for i in ids)
