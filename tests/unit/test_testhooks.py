@@ -30,3 +30,13 @@ def test_no_crash_points_by_default_and_bad_ones_refused() -> None:
     for bad in ("x", "x=0", "x=two", "=3"):
         with pytest.raises(ValueError, match="FAULT_INJECT"):
             CrashPoints(bad)
+
+
+def test_failing_items_are_named_beside_crash_points() -> None:
+    hooks = CrashPoints("worker_fail_item=q-7, aggregator_exit_after_write=2,worker_fail_item=q-9")
+    assert hooks.failing_items == {"q-7", "q-9"}
+    assert hooks.after == {"aggregator_exit_after_write": 2}
+    hooks.fail_on_items(["q-1", "q-2"], "shard s1")  # none of them: returns
+    with pytest.raises(RuntimeError, match="injected fault: shard s2 holds a failing item"):
+        hooks.fail_on_items(["q-1", "q-9"], "shard s2")
+    CrashPoints("").fail_on_items(["q-7"], "shard s3")  # nothing configured: returns
