@@ -168,7 +168,12 @@ async def api_and_sla(
         provider.script = storm(seconds=2.0, retry_after=0.5)  # every request refused for 2 s
         group = unique("obs-openai")
         await ensure_topics(bootstrap, [group])
-        worker_env = {"WORKER_GROUP": group, "WORKER_MODEL": "openai:*", "OBS_API_KEY": API_KEY}
+        worker_env = {
+            "WORKER_GROUP": group,
+            "WORKER_MODEL": "openai:*",
+            "OBS_API_KEY": API_KEY,
+            "WORKER_API_KEYS": f"{provider.url}/*=OBS_API_KEY",  # the operator maps the key
+        }
         port = await asyncio.to_thread(
             start_service, services, "evalstream.worker", tmp / "worker.log", **worker_env
         )
@@ -177,7 +182,7 @@ async def api_and_sla(
         run = await asyncio.to_thread(
             submit_wait,
             write_jsonl(tmp / "api.jsonl", arithmetic_items(40, unique("a"))),
-            "--model", provider.spec(model, key_env="OBS_API_KEY", concurrency=8),
+            "--model", provider.spec(model, concurrency=8),
             "--worker-group", group, "--shard-size", "10", timeout=300,
         )  # fmt: skip
         assert run["status"] == "completed" and run["succeeded"] == 40, run

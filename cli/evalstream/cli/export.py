@@ -35,25 +35,16 @@ import asyncpg
 
 from evalstream.cli.common import fail, out_json, wait_for_run
 from evalstream.common.reports import summarise
+from evalstream.common.results import RESULT_COLUMNS as STORED_COLUMNS
 from evalstream.common.settings import Settings
 
 TRACKERS = ("wandb", "mlflow")
-RESULT_COLUMNS = (
-    "item_id",
-    "category",
-    "response",
-    "extracted",
-    "correct",
-    "score",
-    "error",
-    "attempts",
-    "cache_hit",
-    "latency_ms",
-    "served_by",
-    "model_revision",
-    "prompt_tokens",
-    "completion_tokens",
-    "truncated",
+# The tracker's results table: every stored column of an item but the run's own ids and the
+# long texts kept for the item browser (question, gold, prompt, detail, evidence).
+RESULT_COLUMNS = tuple(
+    c
+    for c in STORED_COLUMNS
+    if c not in {"run_id", "shard_id", "question", "gold", "prompt", "detail", "evidence"}
 )
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value; the full manifest is an artifact
 
