@@ -386,14 +386,13 @@ async def test_a_dead_groups_backlog_parks_at_once_and_returns_when_the_group_do
         shards = shards_for(run_id, model, 40)
         shards = [msgspec.structs.replace(s, worker_group=group) for s in shards]
         await publish_shards(bootstrap, inbox, shards)
-        started = time.monotonic()
 
         async def parked() -> int:
             return sum((await topic_end_offsets(bootstrap, retry)).values())
 
-        # one shard every ROUTER_PARK_AFTER_S would take 120 s
-        await wait_until(lambda: _at_least(parked, 40), 30, what="the backlog to be parked")
-        assert time.monotonic() - started < 30
+        # One shard every ROUTER_PARK_AFTER_S (the old bug) would take 120 s: the deadline is
+        # below that, with room for a busy machine.
+        await wait_until(lambda: _at_least(parked, 40), 90, what="the backlog to be parked")
         router_group = f"{topics.ROUTER_GROUP}.{inbox}"
         assert sum((await group_lag(bootstrap, router_group, inbox)).values()) == 0
 
@@ -401,15 +400,15 @@ async def test_a_dead_groups_backlog_parks_at_once_and_returns_when_the_group_do
         # though each was parked with a not-before of 5 s or more.
         work = topics.work_topic(group)
         async with FakeGroup(bootstrap, group, model):
-            back = time.monotonic()
 
             async def routed() -> int:
                 return sum((await topic_end_offsets(bootstrap, work)).values())
 
+            # each was parked with a not-before of 5 s or more; waking on the heartbeat routes
+            # them all well before their backoff (up to 30 s) would
             await wait_until(lambda: _at_least(routed, 40), 30, what="the parked shards to be routed")
         everything = dict.fromkeys(await topic_end_offsets(bootstrap, work), 0)
         got = {decode(v, Shard).shard_id for _, v, _ in await read_topic_since(bootstrap, work, everything)}
         assert got == {s.shard_id for s in shards}
-        assert time.monotonic() - back < 30
     finally:
         await publish_heartbeats(bootstrap, [(f"{group}-0", None)])
