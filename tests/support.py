@@ -21,6 +21,19 @@ from evalstream.common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 STACK = Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack"))
+
+
+def stack_cmd(*args: str, env: dict[str, str] | None = None) -> None:
+    """`ops/local/stack.py ARGS` for the stack the tests run against (stop, up, ...)."""
+    subprocess.run(
+        [sys.executable, "ops/local/stack.py", *args],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
 PROMETHEUS_URL = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
 
 

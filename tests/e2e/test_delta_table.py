@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +25,12 @@ from evalstream.common.messages import JobSpec, ShardResult, decode, encode
 from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
-from tests.e2e.helpers import ROOT, arithmetic_items, evalctl, result_rows, run_status, write_jsonl
+from tests.e2e.helpers import arithmetic_items, evalctl, result_rows, run_status, write_jsonl
 from tests.support import (
     STACK,
     duckdb_delta,
     read_topic_since,
+    stack_cmd,
     topic_end_offsets,
     unique,
     upload_dataset,
@@ -41,16 +41,6 @@ pytestmark = pytest.mark.stack
 
 README_QUERY = "SELECT * FROM delta_scan('s3://{bucket}/tables/item_results') WHERE run_id = ?"
 COLUMNS = [*RESULT_COLUMNS, *delta.RUN_COLUMNS]
-
-
-def stack_cmd(*args: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run(
-        [sys.executable, "ops/local/stack.py", *args],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def delta_rows(settings: Settings, run_id: str) -> list[tuple[Any, ...]]:

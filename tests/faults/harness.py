@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -44,7 +43,7 @@ from evalstream.common.messages import (
 )
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from tests.faults.checker import LogRecord, Outcome, RunCounters, RunHistory, Verdict, check
-from tests.support import ROOT, STACK, unique, upload_dataset
+from tests.support import ROOT, STACK, stack_cmd, unique, upload_dataset
 
 # make test-faults runs the large sizes (1.0); make test runs every scenario scaled down.
 SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
@@ -86,16 +85,6 @@ def spread_run_ids(prefix: str, n: int, partitions: int = RUN_PARTITIONS) -> lis
 
 
 # --------------------------------------------------------------------------- the stack
-
-
-def stack_cmd(*args: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run(
-        [sys.executable, "ops/local/stack.py", *args],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def stack_pid(name: str) -> int:
