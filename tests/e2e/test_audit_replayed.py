@@ -55,7 +55,8 @@ def test_audit_finds_planted_label_errors_in_replayed_runs(tmp_path: Path) -> No
     flag = next(f for f in report["flags"] if f["kind"] == "models_disagree_with_gold")
     gold = next(r["answer"] for r in p.rows if r["id"] == flag["item_ids"][0])
     assert flag["evidence"]["gold"] == gold and flag["evidence"]["votes"] >= 2
-    assert flag["score"] >= report["threshold"] == 0.5 and flag["evidence"]["suggested_gold"] is not None
+    assert report["threshold"] is None and report["max_fdr"] == 0.1  # the default cut
+    assert flag["evidence"]["q_value"] <= 0.1 and flag["evidence"]["suggested_gold"] is not None
     assert set(flag["evidence"]["accuracy"]) == set(report["models"])
     learned = report["reliability"]["accuracy"]
     for model, accuracy in MODEL_ACCURACY.items():  # each model's accuracy, learned from the runs

@@ -11,8 +11,12 @@ Three checks, each flag with its evidence:
   the runs themselves, with the gold as one more annotator (evalstream.cli.reliability):
   an accurate model agreeing with the gold weighs more than a poor one disagreeing, and an item
   where no model agrees with the gold is suspect even when the models disagree among
-  themselves. Items scoring `--threshold` or more are flagged, with the score, who answered
-  what, each model's estimated accuracy and a suggested gold. `--method majority` is the older
+  themselves. The cut (`--fdr`, default 0.1) flags as many of the highest-scoring items as
+  keeps the flagged set's estimated share of false alarms, the mean of (1 - score) over it,
+  at or under that rate (a Bayesian false discovery rate: the scores are posterior
+  probabilities); `--threshold P` flags every item scoring P or more instead. Each flag
+  carries the score, its q-value (the estimated false-alarm share of flagging down to it),
+  who answered what, each model's estimated accuracy and a suggested gold. `--method majority` is the older
   rule: a strict majority of the models that answered, and at least `--min-agree` of them,
   agree on one answer that is not the gold. Several runs of one model count once (the
   newest), since a model agreeing with itself is no evidence; runs that answered only part of
@@ -46,7 +50,10 @@ DUPLICATE = "conflicting_duplicate"
 AGREEMENT = "models_disagree_with_gold"
 UNPARSABLE = "unparsable_gold"
 MIN_AGREE = 2
-THRESHOLD = 0.5  # flag when the gold is more likely wrong than right
+# The default cut: the largest set of top-scoring items whose estimated share of clean golds
+# is at most this. A fixed score cut would flag too little where the estimate is unsure
+# (scores of 0.2-0.5 that are mostly real errors) and ignore how many false alarms it buys.
+MAX_FDR = 0.1
 RELIABILITY, MAJORITY = "reliability", "majority"
 CERTAIN = 1.0  # the score of the checks that need no estimate (duplicates, unparsable golds)
 UNLISTED_OPTIONS = 5  # a multiple-choice item without `choices` has letters A-E
@@ -232,18 +239,39 @@ def observations(items: Sequence[Item], runs: Mapping[str, RunResults], grader: 
     return out
 
 
+def q_values(scores: Mapping[str, float]) -> dict[str, float]:
+    """Item -> the estimated false discovery rate of flagging every item scoring at least as
+    high: the mean of (1 - score) over them, made monotone (Storey's q-value, with posterior
+    probabilities in place of p-values)."""
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+    running, fdr = 0.0, []
+    for k, (_, score) in enumerate(ranked, 1):
+        running += 1.0 - score
+        fdr.append(running / k)
+    for k in range(len(fdr) - 2, -1, -1):  # a looser cut never looks better than a tighter one
+        fdr[k] = min(fdr[k], fdr[k + 1])
+    return {item_id: q for (item_id, _), q in zip(ranked, fdr, strict=True)}
+
+
 def reliability_flags(
-    items: Sequence[Item], runs: Mapping[str, RunResults], *, grader: str, threshold: float = THRESHOLD
+    items: Sequence[Item],
+    runs: Mapping[str, RunResults],
+    *,
+    grader: str,
+    threshold: float | None = None,
+    max_fdr: float = MAX_FDR,
 ) -> tuple[list[Flag], Estimate]:
-    """Flags for the items whose gold is wrong with probability `threshold` or more, by the
-    reliability-aware estimate (evalstream.cli.reliability); the estimate too."""
+    """Flags by the reliability-aware estimate (evalstream.cli.reliability), and the estimate:
+    the items whose q-value is at most `max_fdr`, or, given `threshold`, whose gold is wrong
+    with at least that probability."""
     obs = observations(items, runs, grader)
     est = estimate(obs)
+    q = q_values({o.item_id: est.scores[o.item_id] for o in obs if o.answers})
     gold_of = {i.id: i.answer for i in items}
     flags = []
     for o in obs:
         score = est.scores[o.item_id]
-        if score < threshold or not o.answers:
+        if not o.answers or (q[o.item_id] > max_fdr if threshold is None else score < threshold):
             continue
         suggested, probability = est.suggested[o.item_id]
         shown = {m: runs[m][o.item_id].get("extracted") for m in sorted(o.answers)}
@@ -267,6 +295,7 @@ def reliability_flags(
                     "answers": shown,
                     "accuracy": {m: round(est.accuracy_by_kind[m][o.kind], 4) for m in shown},
                     "answer_kind": o.kind,
+                    "q_value": round(q[o.item_id], 4),
                 },
                 round(score, 6),
             )
@@ -326,11 +355,12 @@ def audit(
     grader: str = "auto",
     min_agree: int = MIN_AGREE,
     method: str = RELIABILITY,
-    threshold: float = THRESHOLD,
+    threshold: float | None = None,
+    max_fdr: float = MAX_FDR,
 ) -> dict[str, Any]:
     """Every flag, highest score first, and which checks could not run (and why). With the
     reliability method, also what it learned: each model's accuracy, the gold's, and every
-    item's score."""
+    item's score; and the cut: `max_fdr` unless a score `threshold` is given."""
     flags = conflicting_duplicates(items, runs)
     skipped: dict[str, str] = {}
     learned: dict[str, Any] | None = None
@@ -339,7 +369,7 @@ def audit(
     elif method == MAJORITY:
         flags += model_agreement(items, runs, min_agree=min_agree)
     else:
-        found, est = reliability_flags(items, runs, grader=grader, threshold=threshold)
+        found, est = reliability_flags(items, runs, grader=grader, threshold=threshold, max_fdr=max_fdr)
         flags += found
         learned = {
             "accuracy": {m: round(a, 4) for m, a in est.accuracy.items()},
@@ -350,6 +380,8 @@ def audit(
             "iterations": est.iterations,
             "converged": est.converged,
             "scores": {i: round(p, 6) for i, p in est.scores.items()},
+            # what the flags cost: the share of them expected to be clean golds
+            "estimated_fdr": round(sum(1 - f.score for f in found) / len(found), 4) if found else None,
         }
     try:
         flags += unparsable_golds(items, grader)
@@ -362,6 +394,7 @@ def audit(
         "grader": grader,
         "method": method,
         "threshold": threshold if method == RELIABILITY else None,
+        "max_fdr": max_fdr if method == RELIABILITY and threshold is None else None,
         "models": sorted(runs),
         "counts": dict(Counter(f.kind for f in flags)),
         "suspects": suspects,
@@ -419,7 +452,12 @@ def print_audit(report: dict[str, Any], label: str) -> None:
     if learned := report.get("reliability"):
         models = ", ".join(f"{m} {a:.1%}" for m, a in learned["accuracy"].items())
         print(f"  estimated accuracy: {models}; gold labels {learned['gold_accuracy']:.1%}")
-        print(f"  flagging items whose gold is wrong with probability >= {report['threshold']}")
+        if report["threshold"] is not None:
+            print(f"  flagging items whose gold is wrong with probability >= {report['threshold']}")
+        else:
+            print(f"  flagging the most items whose estimated false-alarm share is <= {report['max_fdr']}")
+        if learned["estimated_fdr"] is not None:
+            print(f"  estimated share of false alarms among these flags: {learned['estimated_fdr']:.1%}")
     counts = ", ".join(f"{n} {k}" for k, n in sorted(report["counts"].items())) or "no flags"
     print(f"  {counts}; {len(report['suspects'])} suspect item(s)")
     if not report["flags"]:
@@ -457,7 +495,8 @@ async def audit_version(
     *,
     grader: str | None = None,
     method: str = RELIABILITY,
-    threshold: float = THRESHOLD,
+    threshold: float | None = None,
+    max_fdr: float = MAX_FDR,
     min_agree: int = MIN_AGREE,
 ) -> tuple[dict[str, Any], str]:
     """(the audit report of a dataset version with its runs, the dataset's label). Raises
@@ -467,7 +506,13 @@ async def audit_version(
     runs, run_of, graders = await runs_by_model(conn, dataset.content_sha256, run_ids)
     grader = grader or (graders[0] if len(graders) == 1 else "auto")
     report = audit(
-        dataset.items, runs, grader=grader, min_agree=min_agree, method=method, threshold=threshold
+        dataset.items,
+        runs,
+        grader=grader,
+        min_agree=min_agree,
+        method=method,
+        threshold=threshold,
+        max_fdr=max_fdr,
     )
     label = f"{dataset.label} [{dataset.content_sha256[:12]}]"
     return {"dataset": dataset.content_sha256, "runs": run_of, **report}, label
@@ -486,6 +531,7 @@ async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
                 grader=args.grader,
                 method=args.method,
                 threshold=args.threshold,
+                max_fdr=args.fdr,
                 min_agree=args.min_agree,
             )
         except (DatasetRefError, LookupError) as exc:
@@ -497,7 +543,12 @@ async def cmd_audit(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def accuracy_without_flagged(
-    conn: asyncpg.Connection, settings: Settings, run_id: str, *, threshold: float = THRESHOLD
+    conn: asyncpg.Connection,
+    settings: Settings,
+    run_id: str,
+    *,
+    threshold: float | None = None,
+    max_fdr: float = MAX_FDR,
 ) -> dict[str, Any]:
     """For `evalctl report --exclude-flagged`: the run's accuracy over the items the audit of
     its dataset version (every completed run on it, this one included) does not flag, beside
@@ -510,13 +561,16 @@ async def accuracy_without_flagged(
         "SELECT run_id FROM runs WHERE dataset_sha256 = $1 AND status = 'completed'", run["dataset_sha256"]
     )
     run_ids = sorted({r["run_id"] for r in completed} | {run_id})
-    report, _ = await audit_version(conn, settings, run["dataset_sha256"], run_ids, threshold=threshold)
+    report, _ = await audit_version(
+        conn, settings, run["dataset_sha256"], run_ids, threshold=threshold, max_fdr=max_fdr
+    )
     total = run["total"] or len(rows)
     flagged = set(report["suspects"])
     score = {r["item_id"]: float(r["score"] or 0.0) for r in rows}
     kept = total - len(flagged)
     return {
         "threshold": threshold,
+        "max_fdr": report["max_fdr"],
         "models": report["models"],
         "flagged": len(flagged),
         "skipped": report["skipped"],
@@ -533,6 +587,22 @@ def probability(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"{text} is not a probability between 0 and 1")
     return value
+
+
+def add_cut_arguments(p: argparse.ArgumentParser) -> None:
+    """--fdr and --threshold: where the reliability audit cuts (audit, report --exclude-flagged)."""
+    p.add_argument(
+        "--fdr",
+        type=probability,
+        default=MAX_FDR,
+        help="reliability: flag the most items whose estimated share of false alarms stays at or "
+        f"under this rate (default {MAX_FDR})",
+    )
+    p.add_argument(
+        "--threshold",
+        type=probability,
+        help="reliability: instead of --fdr, flag every item whose gold is wrong with at least this probability",
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -552,12 +622,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=RELIABILITY,
         help="how model answers flag a gold: learned model reliability (default) or a majority vote",
     )
-    p.add_argument(
-        "--threshold",
-        type=probability,
-        default=THRESHOLD,
-        help=f"reliability: flag items whose gold is wrong with at least this probability (default {THRESHOLD})",
-    )
+    add_cut_arguments(p)
     p.add_argument(
         "--min-agree",
         type=int,

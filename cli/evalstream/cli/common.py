@@ -127,7 +127,12 @@ def print_report(s: dict[str, Any]) -> None:
         print(
             f"  accuracy without the {audit['flagged']} item(s) whose gold the audit flags: "
             + (f"{clean:.1%}" if clean is not None else "n/a")
-            + f" (raw {acc}; {len(audit['models'])} model(s) on this dataset version, threshold {audit['threshold']})"
+            + f" (raw {acc}; {len(audit['models'])} model(s) on this dataset version, "
+            + (
+                f"threshold {audit['threshold']})"
+                if audit["threshold"] is not None
+                else f"false-alarm rate <= {audit['max_fdr']})"
+            )
         )
         for kind, why in audit["skipped"].items():
             print(f"    audit skipped {kind}: {why}")

@@ -6,8 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from evalstream.cli.audit import THRESHOLD as AUDIT_THRESHOLD
-from evalstream.cli.audit import accuracy_without_flagged, probability
+from evalstream.cli.audit import accuracy_without_flagged, add_cut_arguments
 from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json, print_report, run_row
 from evalstream.cli.datasets_cmd import DatasetRefError
 from evalstream.common import report_html
@@ -22,7 +21,7 @@ async def cmd_report(args: argparse.Namespace, settings: Settings) -> None:
         if args.exclude_flagged:
             try:
                 summary["label_audit"] = await accuracy_without_flagged(
-                    conn, settings, args.run, threshold=args.threshold
+                    conn, settings, args.run, threshold=args.threshold, max_fdr=args.fdr
                 )
             except (DatasetRefError, LookupError) as exc:
                 fail(f"cannot audit the run's dataset: {exc}", EXIT_REJECTED)
@@ -47,10 +46,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also the accuracy without the items whose gold `evalctl audit` flags (every completed run "
         "on the run's dataset version votes), beside the raw figure",
     )
-    rep.add_argument(
-        "--threshold",
-        type=probability,
-        default=AUDIT_THRESHOLD,
-        help=f"with --exclude-flagged: the audit's threshold (default {AUDIT_THRESHOLD})",
-    )
+    add_cut_arguments(rep)  # with --exclude-flagged: where the audit cuts
     rep.set_defaults(handler=cmd_report)
