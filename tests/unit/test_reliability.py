@@ -196,6 +196,7 @@ def test_audit_ranks_flags_by_score_with_evidence_and_threshold() -> None:
     }
     # the default cut keeps the estimated false-alarm share at 0.1 at most
     assert report["max_fdr"] == 0.1 and report["reliability"]["estimated_fdr"] <= 0.1
+    assert report["reliability"]["lowest_fdr"] <= report["reliability"]["estimated_fdr"]
     assert recall >= 0.97 and precision >= 0.85, (recall, precision)
     assert recall >= recall_precision(majority, p.errors)[0]
     scores = [f["score"] for f in report["flags"]]

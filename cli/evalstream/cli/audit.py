@@ -382,6 +382,8 @@ def audit(
             "scores": {i: round(p, 6) for i, p in est.scores.items()},
             # what the flags cost: the share of them expected to be clean golds
             "estimated_fdr": round(sum(1 - f.score for f in found) / len(found), 4) if found else None,
+            # the lowest false-alarm share any cut reaches: what --fdr would need to flag anything
+            "lowest_fdr": round(min(q_values(est.scores).values(), default=1.0), 4),
         }
     try:
         flags += unparsable_golds(items, grader)
@@ -458,6 +460,11 @@ def print_audit(report: dict[str, Any], label: str) -> None:
             print(f"  flagging the most items whose estimated false-alarm share is <= {report['max_fdr']}")
         if learned["estimated_fdr"] is not None:
             print(f"  estimated share of false alarms among these flags: {learned['estimated_fdr']:.1%}")
+        elif report["threshold"] is None:
+            print(
+                f"  no cut is that sure: the best reaches {learned['lowest_fdr']:.1%} false alarms "
+                f"(flag at that rate with --fdr {min(1.0, learned['lowest_fdr'] + 0.05):.2f})"
+            )
     counts = ", ".join(f"{n} {k}" for k, n in sorted(report["counts"].items())) or "no flags"
     print(f"  {counts}; {len(report['suspects'])} suspect item(s)")
     if not report["flags"]:
