@@ -31,8 +31,10 @@ from evalstream.common.settings import DEFAULTS, SERVICE_PORTS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+GPU_OVERRIDE = ROOT / "docker-compose.gpu.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
-SCHEMA = ROOT.parent / "shared/schemas/compose-spec.json"
+# The Compose Specification's schema, vendored from compose-go (tests/deploy/schemas/README.md).
+SCHEMA = ROOT / "tests/deploy/schemas/compose-spec.json"
 DOCKER = ROOT / "ops/docker"
 PROMETHEUS = ROOT / "ops/prometheus"
 
@@ -43,7 +45,6 @@ APP_SERVICES = {
     "producer": "producer",
     "router": "router",
     "worker": "worker",
-    "worker-cpu": "worker",
     "aggregator": "aggregator",
     "bootstrap": "producer",
 }
@@ -180,18 +181,29 @@ def published_ports(service: dict[str, Any]) -> list[tuple[str | None, int, int]
 # --------------------------------------------------------------------------- compose: shape
 
 
+def schema_errors(document: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text()))
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+
+
 def test_compose_is_valid_against_the_compose_specification() -> None:
-    assert SCHEMA.exists(), f"the Compose Specification schema is expected at {SCHEMA}"
-    schema = json.loads(SCHEMA.read_text())
-    validator = jsonschema.Draft7Validator(schema)
-    errors = sorted(validator.iter_errors(COMPOSE), key=lambda e: list(e.absolute_path))
-    assert not errors, "\n".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+    assert not schema_errors(COMPOSE)
+    assert not schema_errors(Interpolation(ENV).tree(yaml.safe_load(GPU_OVERRIDE.read_text())))
+
+
+def test_the_schema_check_refuses_a_broken_file() -> None:
+    broken = json.loads(json.dumps(COMPOSE))
+    broken["services"]["worker"]["deploy"] = {"resources": {"reservations": {"devices": "gpu"}}}
+    broken["services"]["router"]["healthcheck"]["interval"] = 10
+    found = schema_errors(broken)
+    assert any(e.startswith("services/worker/deploy/resources/reservations/devices") for e in found), found
 
 
 def test_services_are_the_four_services_and_the_infrastructure() -> None:
-    assert set(COMPOSE["services"]) == {*SERVICES, "worker-cpu", *INFRA}, sorted(COMPOSE["services"])
+    assert set(COMPOSE["services"]) == {*SERVICES, *INFRA}, sorted(COMPOSE["services"])
     profiles = {name: s.get("profiles") for name, s in COMPOSE["services"].items() if s.get("profiles")}
-    assert profiles == {"worker-cpu": ["cpu"]}, "only the CPU worker variant is behind a profile"
+    assert not profiles, "plain `docker compose up` starts every service"
 
 
 def test_every_service_builds_from_its_own_dockerfile() -> None:
@@ -204,7 +216,7 @@ def test_every_service_builds_from_its_own_dockerfile() -> None:
 
 
 def test_services_restart_and_wait_for_bootstrap() -> None:
-    for name in (*SERVICES, "worker-cpu"):
+    for name in SERVICES:
         svc = COMPOSE["services"][name]
         assert svc["restart"] == "unless-stopped", name
         assert svc["depends_on"]["bootstrap"]["condition"] == "service_completed_successfully", name
@@ -224,18 +236,86 @@ def test_healthchecks_ask_each_service_for_healthz_on_its_port() -> None:
         assert f"http://127.0.0.1:{SERVICE_PORTS[svc]}/healthz" in test, name
 
 
-def test_worker_reserves_a_gpu_and_the_cpu_variant_does_not() -> None:
-    worker = COMPOSE["services"]["worker"]
-    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+def _names_a_gpu(node: Any) -> list[str]:
+    """Where a compose document asks for a GPU: device reservations, `gpus`, NVIDIA runtimes
+    or device files, CUDA device variables."""
+    found = []
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if key in ("gpus", "devices", "runtime", "device_cgroup_rules") or re.search(
+                    r"nvidia|CUDA_VISIBLE_DEVICES", key, re.I
+                ):
+                    found.append(f"{path}/{key}")
+                walk(child, f"{path}/{key}")
+        elif isinstance(value, list):
+            for i, child in enumerate(value):
+                walk(child, f"{path}/{i}")
+        elif isinstance(value, str) and re.search(r"nvidia|/dev/dri|CUDA_VISIBLE_DEVICES", value, re.I):
+            found.append(f"{path}: {value}")
+
+    walk(node, "")
+    return found
+
+
+def test_default_compose_file_names_no_gpu_device() -> None:
+    """Plain `docker compose up` must start on a host without an NVIDIA runtime."""
+    assert _names_a_gpu(RAW["services"]) == []
+    # the check itself finds each way of asking for one
+    planted = {
+        "a": {"deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "count": 1}]}}}},
+        "b": {"gpus": "all"},
+        "c": {"runtime": "nvidia"},
+        "d": {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+    }
+    for name, service in planted.items():
+        assert _names_a_gpu(service), name
+
+
+def test_gpu_override_reserves_a_gpu_for_the_worker_only() -> None:
+    override = yaml.safe_load(GPU_OVERRIDE.read_text())
+    assert set(override) == {"services"} and set(override["services"]) == {"worker"}
+    devices = override["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    cpu = COMPOSE["services"]["worker-cpu"]
-    assert "deploy" not in cpu and "gpus" not in cpu
-    # Same image, same settings, same group: the CPU variant stands in for the GPU workers.
-    assert cpu["build"] == worker["build"]
-    assert environment(cpu) == environment(worker)
-    # bootstrap creates the work topic of that group.
-    group = environment(worker)["WORKER_GROUP"]
+    # the override is named where users look: the compose file's header and .env.example
+    assert "docker compose -f docker-compose.yml -f docker-compose.gpu.yml up" in COMPOSE_FILE.read_text()
+    assert "COMPOSE_FILE=docker-compose.yml:docker-compose.gpu.yml" in ENV_EXAMPLE.read_text()
+    # bootstrap creates the work topic of the workers' group.
+    group = environment(COMPOSE["services"]["worker"])["WORKER_GROUP"]
     assert environment(COMPOSE["services"]["bootstrap"])["WORKER_GROUP"] == group
+
+
+def test_api_keys_and_router_settings_pass_through_env() -> None:
+    from evalstream.common.providers import PRESETS
+
+    worker = RAW["services"]["worker"]
+    env = RAW["x-worker-env"]
+    for preset in PRESETS.values():
+        assert env[preset.key_env] == f"${{{preset.key_env}:-}}", preset.key_env
+    assert env["WORKER_API_KEYS"] == "${WORKER_API_KEYS:-}"
+    assert worker["env_file"] == [{"path": ".env.worker", "required": False}]
+    assert "/.env.worker" in (ROOT / ".gitignore").read_text().split()
+    router = RAW["services"]["router"]["environment"]
+    for key in ("ROUTER_POLICY", "ROUTER_WEIGHTS", "ROUTER_MAX_LAG", "ROUTER_FALLBACK", "ROUTER_NO_GROUP_TIMEOUT_S"):
+        assert router[key] == f"${{{key}:-{DEFAULTS[key]}}}", key
+    # .env.example shows each of them
+    example = ENV_EXAMPLE.read_text()
+    for key in ("DEEPSEEK_API_KEY", "WORKER_API_KEYS", "ROUTER_POLICY", "ROUTER_FALLBACK"):
+        assert re.search(rf"^# ?{key}=", example, re.M), key
+
+
+def test_stop_grace_covers_each_services_drain() -> None:
+    from tests.deploy.chart import drain_seconds
+
+    def seconds(text: str) -> float:
+        parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", text)
+        assert parts and text, text
+        return int(parts.group(1) or 0) * 60 + int(parts.group(2) or 0)
+
+    for name in SERVICES:
+        grace = seconds(COMPOSE["services"][name]["stop_grace_period"])
+        assert grace >= drain_seconds(name), name
 
 
 def test_named_volumes_hold_every_stateful_service() -> None:
@@ -246,7 +326,6 @@ def test_named_volumes_hold_every_stateful_service() -> None:
         "prometheus": "prometheus-data",
         "grafana": "grafana-data",
         "worker": "worker-models",
-        "worker-cpu": "worker-models",
     }
     for name, volume in expected.items():
         sources = [str(v).split(":", 1)[0] for v in COMPOSE["services"][name].get("volumes", [])]
@@ -266,8 +345,13 @@ def test_bind_mounts_exist_in_the_repository() -> None:
 
 
 def test_services_set_only_settings_variables() -> None:
+    from evalstream.common.providers import PRESETS
+
+    provider_keys = {preset.key_env for preset in PRESETS.values()}  # the worker's API keys
     for name in APP_SERVICES:
         unknown = set(environment(COMPOSE["services"][name])) - set(DEFAULTS)
+        if name == "worker":
+            unknown -= provider_keys
         assert not unknown, f"{name} sets variables settings.py does not read: {sorted(unknown)}"
     for name, allowed in INFRA_ENV.items():
         unknown = {k for k in environment(COMPOSE["services"][name]) if not allowed(k)}
@@ -291,7 +375,7 @@ def test_services_reach_the_infrastructure_by_compose_names() -> None:
             keys = (env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"])
             assert keys == (ENV["S3_ACCESS_KEY"], ENV["S3_SECRET_KEY"]), name
     # The producer, the bootstrap, the workers and the aggregator need the stores; the router not.
-    for name in ("producer", "bootstrap", "worker", "worker-cpu", "aggregator"):
+    for name in ("producer", "bootstrap", "worker", "aggregator"):
         assert {"DATABASE_URL", "S3_ENDPOINT"} <= set(environment(COMPOSE["services"][name])), name
 
 
@@ -311,7 +395,7 @@ def test_compose_defaults_equal_settings_defaults() -> None:
     for name in APP_SERVICES:
         for key, value in (RAW["services"][name].get("environment") or {}).items():
             m = re.fullmatch(r"\$\{(\w+):-([^}]*)\}", str(value))
-            if m and m.group(1) == key:
+            if m and m.group(1) == key and key in DEFAULTS:
                 assert m.group(2) == DEFAULTS[key], f"{name}: {key} defaults to {m.group(2)!r}"
 
 
@@ -665,7 +749,6 @@ def test_compose_prometheus_scrapes_every_service_by_its_compose_name() -> None:
         assert (sd["names"], sd["type"], sd["port"]) == ([service], "A", SERVICE_PORTS[service])
         assert service in COMPOSE["services"]
         assert {"target_label": "service", "replacement": service} in jobs[service]["relabel_configs"]
-    assert "worker" in COMPOSE["services"]["worker-cpu"]["networks"]["default"]["aliases"]
 
 
 def test_local_prometheus_scrapes_the_local_stack() -> None:

@@ -101,3 +101,35 @@ def weed_binary() -> Path:
     binary.with_suffix(".tmp").rename(binary)
     shutil.rmtree(build, ignore_errors=True)
     return binary
+
+
+# Deployment tools for the offline checks of the Helm chart and the compose files
+# (tests/deploy): built from the Go module proxy like SeaweedFS, once, then cached.
+HELM_VERSION = "v3.22.0"
+COMPOSE_VERSION = "v5.6.0"  # the newest whose go.mod the machines' Go (1.26.8) accepts
+
+
+def helm_binary() -> Path:
+    return go_tool("helm", "helm.sh/helm/v3/cmd/helm", HELM_VERSION)
+
+
+def compose_binary() -> Path:
+    """Docker Compose's CLI (`docker-compose config` needs no engine)."""
+    return go_tool("docker-compose", "github.com/docker/compose/v5/cmd", COMPOSE_VERSION)
+
+
+def go_tool(name: str, package: str, version: str) -> Path:
+    """`go install package@version`, cached as $EVALSTREAM_CACHE/<name>-<version>/<name>."""
+    binary = CACHE / f"{name}-{version}" / name
+    if binary.exists():
+        return binary
+    log(f"building {name} {version} with the Go toolchain (first time only, a few minutes)")
+    gobin = binary.parent.with_name(f"{binary.parent.name}.tmp")
+    shutil.rmtree(gobin, ignore_errors=True)
+    env = {**os.environ, "GOBIN": str(gobin), "GOFLAGS": "-buildvcs=false", "CGO_ENABLED": "0"}
+    run(["go", "install", f"{package}@{version}"], env=env, cwd="/", stdout=sys.stderr)
+    (built,) = gobin.iterdir()  # named after the package's last element
+    built.rename(gobin / name)
+    shutil.rmtree(binary.parent, ignore_errors=True)
+    gobin.rename(binary.parent)
+    return binary
