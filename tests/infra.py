@@ -109,7 +109,9 @@ class Containers:
             container.stop()
 
 
-def container_env(kafka_port: int, postgres_port: int, s3_port: int, credentials: dict[str, str]) -> dict[str, str]:
+def container_env(
+    kafka_port: int, postgres_port: int, s3_port: int, credentials: dict[str, str]
+) -> dict[str, str]:
     """The settings that point services and tests at the containers' published ports."""
     user, password, db = credentials["user"], credentials["password"], credentials["db"]
     return {
@@ -184,7 +186,9 @@ def start_containers(logs: Path) -> Containers:
             credentials,
         )
         env = {**os.environ, **started.env}
-        subprocess.run([sys.executable, "-m", "evalstream.common.bootstrap"], cwd=ROOT, env=env, check=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "evalstream.common.bootstrap"], cwd=ROOT, env=env, check=True, timeout=300
+        )
         offset = int(os.environ.get("EVALSTREAM_PORT_OFFSET", "0"))
         for name in ("producer", "router", "aggregator", "worker"):
             port = SERVICE_PORTS[name] + offset
@@ -199,4 +203,3 @@ def start_containers(logs: Path) -> Containers:
         started.stop()
         raise
     return started
-

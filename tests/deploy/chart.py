@@ -15,7 +15,7 @@ import functools
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ def helm() -> Path:
     return helm_binary()
 
 
-def _values_args(values: list[Path | dict[str, Any]], tmp: Path) -> list[str]:
+def _values_args(values: Sequence[Path | dict[str, Any]], tmp: Path) -> list[str]:
     args = []
     for i, v in enumerate(values):
         if isinstance(v, dict):
@@ -87,7 +87,7 @@ def _values_args(values: list[Path | dict[str, Any]], tmp: Path) -> list[str]:
     return args
 
 
-def render(values: list[Path | dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+def render(values: Sequence[Path | dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
     """`helm template` with these value files (or dicts), every object it renders."""
     cmd = [
         str(helm()),
@@ -106,8 +106,16 @@ def render(values: list[Path | dict[str, Any]], tmp: Path) -> list[dict[str, Any
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def lint(values: list[Path | dict[str, Any]], tmp: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [str(helm()), "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *_values_args(values, tmp)]
+def lint(values: Sequence[Path | dict[str, Any]], tmp: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        str(helm()),
+        "lint",
+        "--strict",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        *_values_args(values, tmp),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -122,7 +130,9 @@ def planted(name: str) -> tuple[str, dict[str, Any]]:
 
 @functools.cache
 def _kubernetes_schemas() -> tuple[Path, Registry]:
-    folder = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBE_VERSION}-local-strict"
+    folder = (
+        Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{KUBE_VERSION}-local-strict"
+    )
     definitions = Resource.from_contents(json.loads((folder / "_definitions.json").read_text()))
     return folder, definitions @ Registry()
 
@@ -134,7 +144,7 @@ def _validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
         group, _, version = api_version.partition("/")
         assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
         (entry,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
-        return jsonschema.Draft7Validator(entry["schema"]["openAPIV3Schema"])
+        return jsonschema.Draft7Validator(_closed(entry["schema"]["openAPIV3Schema"]))
     folder, registry = _kubernetes_schemas()
     group = api_version.split("/")[0].split(".")[0] if "/" in api_version else ""
     version = api_version.split("/")[-1]
@@ -144,6 +154,20 @@ def _validator(api_version: str, kind: str) -> jsonschema.protocols.Validator:
         raise AssertionError(f"no schema for {api_version} {kind} in Kubernetes {KUBE_VERSION}")
     schema = json.loads(path.read_text())
     return jsonschema.Draft202012Validator(schema, registry=Resource.from_contents(schema) @ registry)
+
+
+def _closed(schema: Any) -> Any:
+    """A CRD's schema as the API server applies it under strict field validation (kubectl's
+    default): an unknown field is an error, except where the schema preserves unknown fields."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    open_ended = "additionalProperties" in out or out.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and not open_ended:
+        out["additionalProperties"] = False
+    return out
 
 
 def schema_errors(obj: dict[str, Any]) -> list[str]:
@@ -239,9 +263,13 @@ def _probe_problems(objects: list[dict[str, Any]], numbers: dict[str, int]) -> l
         (container,) = spec["containers"]
         env = plain_env(container)
         if env.get("HTTP_PORT") != str(SERVICE_PORTS[component]):
-            out.append(f"{where}: HTTP_PORT is {env.get('HTTP_PORT')}, the {component} serves {SERVICE_PORTS[component]}")
+            out.append(
+                f"{where}: HTTP_PORT is {env.get('HTTP_PORT')}, the {component} serves {SERVICE_PORTS[component]}"
+            )
         if env.get("HTTP_HOST") != "0.0.0.0":
-            out.append(f"{where}: HTTP_HOST is {env.get('HTTP_HOST')!r}: probes from the kubelet would not reach it")
+            out.append(
+                f"{where}: HTTP_HOST is {env.get('HTTP_HOST')!r}: probes from the kubelet would not reach it"
+            )
         expected = {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}
         if component == "worker":
             expected["startupProbe"] = "/readyz"  # the model loads after /healthz answers
@@ -279,7 +307,9 @@ def _secret_problems(objects: list[dict[str, Any]]) -> list[str]:
             plain = plain_env(container)
             # Provider keys: the variables WORKER_API_KEYS names (pattern=VARIABLE,...).
             api_keys = {
-                entry.rpartition("=")[2] for entry in plain.get("WORKER_API_KEYS", "").split(",") if "=" in entry
+                entry.rpartition("=")[2]
+                for entry in plain.get("WORKER_API_KEYS", "").split(",")
+                if "=" in entry
             }
             needed = set(api_keys)
             if component in NEEDS_STORES:
@@ -311,7 +341,9 @@ def _scaling_problems(objects: list[dict[str, Any]]) -> list[str]:
         target = so["spec"]["scaleTargetRef"]
         deployment = deployments.get(target["name"])
         if target.get("kind", "Deployment") != "Deployment" or deployment is None:
-            out.append(f"{where}: scales {target.get('kind', 'Deployment')}/{target['name']}, which is not rendered")
+            out.append(
+                f"{where}: scales {target.get('kind', 'Deployment')}/{target['name']}, which is not rendered"
+            )
             continue
         if component_of(deployment) != "worker":
             out.append(f"{where}: scales a {component_of(deployment)}, not a worker group")
@@ -322,16 +354,24 @@ def _scaling_problems(objects: list[dict[str, Any]]) -> list[str]:
         prefix = env.get("KAFKA_TOPIC_PREFIX", "")
         # topics.py names them; its PREFIX is this process's (empty in the tests)
         assert topics.PREFIX == ""
-        lag = [t for t in so["spec"]["triggers"] if t["metadata"].get("topic") == prefix + topics.work_topic(group)]
+        lag = [
+            t
+            for t in so["spec"]["triggers"]
+            if t["metadata"].get("topic") == prefix + topics.work_topic(group)
+        ]
         if not lag:
-            out.append(f"{where}: no trigger on {prefix + topics.work_topic(group)}, the work topic of group {group}")
+            out.append(
+                f"{where}: no trigger on {prefix + topics.work_topic(group)}, the work topic of group {group}"
+            )
         for trigger in so["spec"]["triggers"]:
             meta = trigger["metadata"]
             if trigger["type"] != "kafka":
                 out.append(f"{where}: trigger {trigger['type']}")
                 continue
             if meta.get("bootstrapServers") != env["KAFKA_BOOTSTRAP"]:
-                out.append(f"{where}: watches {meta.get('bootstrapServers')}, the group uses {env['KAFKA_BOOTSTRAP']}")
+                out.append(
+                    f"{where}: watches {meta.get('bootstrapServers')}, the group uses {env['KAFKA_BOOTSTRAP']}"
+                )
             if trigger in lag and meta.get("consumerGroup") != prefix + topics.worker_consumer_group(group):
                 out.append(
                     f"{where}: watches consumer group {meta.get('consumerGroup')}, the workers of {group} "
@@ -342,7 +382,9 @@ def _scaling_problems(objects: list[dict[str, Any]]) -> list[str]:
                 if ref not in auths or not meta.get("sasl"):
                     out.append(f"{where}: the brokers want SASL, the trigger has no authentication")
         if so["spec"].get("maxReplicaCount", 100) > topics.WORK_PARTITIONS:
-            out.append(f"{where}: up to {so['spec']['maxReplicaCount']} replicas on {topics.WORK_PARTITIONS} partitions")
+            out.append(
+                f"{where}: up to {so['spec']['maxReplicaCount']} replicas on {topics.WORK_PARTITIONS} partitions"
+            )
         if "replicas" in deployment["spec"]:
             out.append(f"{where}: Deployment/{target['name']} sets replicas, which KEDA owns")
     return out
@@ -378,8 +420,12 @@ def _drain_and_disruption_problems(objects: list[dict[str, Any]]) -> list[str]:
             continue
         grace = spec.get("terminationGracePeriodSeconds", 30)
         if grace < drain_seconds(component):
-            out.append(f"{where}: terminationGracePeriodSeconds {grace} < the {component}'s drain, {drain_seconds(component):g} s")
+            out.append(
+                f"{where}: terminationGracePeriodSeconds {grace} < the {component}'s drain, {drain_seconds(component):g} s"
+            )
         labels = workload["spec"]["template"]["metadata"]["labels"]
-        if not any(all(labels.get(k) == v for k, v in b["spec"]["selector"]["matchLabels"].items()) for b in budgets):
+        if not any(
+            all(labels.get(k) == v for k, v in b["spec"]["selector"]["matchLabels"].items()) for b in budgets
+        ):
             out.append(f"{where}: no PodDisruptionBudget selects its pods")
     return out

@@ -297,7 +297,13 @@ def test_api_keys_and_router_settings_pass_through_env() -> None:
     assert worker["env_file"] == [{"path": ".env.worker", "required": False}]
     assert "/.env.worker" in (ROOT / ".gitignore").read_text().split()
     router = RAW["services"]["router"]["environment"]
-    for key in ("ROUTER_POLICY", "ROUTER_WEIGHTS", "ROUTER_MAX_LAG", "ROUTER_FALLBACK", "ROUTER_NO_GROUP_TIMEOUT_S"):
+    for key in (
+        "ROUTER_POLICY",
+        "ROUTER_WEIGHTS",
+        "ROUTER_MAX_LAG",
+        "ROUTER_FALLBACK",
+        "ROUTER_NO_GROUP_TIMEOUT_S",
+    ):
         assert router[key] == f"${{{key}:-{DEFAULTS[key]}}}", key
     # .env.example shows each of them
     example = ENV_EXAMPLE.read_text()

@@ -22,7 +22,9 @@ ENGINE = (True, "Docker engine at http+docker://localhost")
 NO_ENGINE = (False, "no Docker engine at unix:///var/run/docker.sock (DockerException)")
 
 
-def probes(local: bool, engine: tuple[bool, str]) -> tuple[dict[str, int], Callable[[], bool], Callable[[], tuple[bool, str]]]:
+def probes(
+    local: bool, engine: tuple[bool, str]
+) -> tuple[dict[str, int], Callable[[], bool], Callable[[], tuple[bool, str]]]:
     asked = {"local": 0, "engine": 0}
 
     def local_stack() -> bool:
@@ -93,19 +95,27 @@ def test_container_settings_point_every_client_at_the_published_ports() -> None:
     settings = Settings.from_env(env)
     assert settings.kafka_bootstrap == "127.0.0.1:32801"
     assert settings.database_url == "postgresql://u:p@127.0.0.1:32802/d"
-    assert (settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key) == ("http://127.0.0.1:32803", "ak", "sk")
+    assert (settings.s3_endpoint, settings.s3_access_key, settings.s3_secret_key) == (
+        "http://127.0.0.1:32803",
+        "ak",
+        "sk",
+    )
     # the same servers as docker-compose.yml
     compose = (ROOT / "docker-compose.yml").read_text()
     for image in (infra.KAFKA_IMAGE, infra.POSTGRES_IMAGE, infra.S3_IMAGE):
         assert f"image: {image}" in compose, image
 
 
-PURE_TEST = "tests/unit/test_infra_choice.py::test_testcontainers_without_an_engine_is_an_error_not_a_fallback"
+PURE_TEST = (
+    "tests/unit/test_infra_choice.py::test_testcontainers_without_an_engine_is_an_error_not_a_fallback"
+)
 
 
 def _pytest(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", *args, PURE_TEST]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
 
 
 def test_session_header_and_summary_say_which_infrastructure_ran() -> None:

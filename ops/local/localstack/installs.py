@@ -114,22 +114,51 @@ def helm_binary() -> Path:
 
 
 def compose_binary() -> Path:
-    """Docker Compose's CLI (`docker-compose config` needs no engine)."""
-    return go_tool("docker-compose", "github.com/docker/compose/v5/cmd", COMPOSE_VERSION)
+    """Docker Compose's CLI (`docker-compose config` needs no engine). Its go.mod has exclude
+    directives, which `go install pkg@version` refuses: built inside the module instead."""
+    return go_tool("docker-compose", "github.com/docker/compose/v5", COMPOSE_VERSION, in_module="./cmd")
 
 
-def go_tool(name: str, package: str, version: str) -> Path:
-    """`go install package@version`, cached as $EVALSTREAM_CACHE/<name>-<version>/<name>."""
+def go_tool(name: str, package: str, version: str, in_module: str | None = None) -> Path:
+    """`go install package@version`, or with `in_module`, `go build` of that package inside
+    the downloaded module `package` (where its own go.mod rules); cached as
+    $EVALSTREAM_CACHE/<name>-<version>/<name>."""
     binary = CACHE / f"{name}-{version}" / name
     if binary.exists():
         return binary
     log(f"building {name} {version} with the Go toolchain (first time only, a few minutes)")
-    gobin = binary.parent.with_name(f"{binary.parent.name}.tmp")
-    shutil.rmtree(gobin, ignore_errors=True)
-    env = {**os.environ, "GOBIN": str(gobin), "GOFLAGS": "-buildvcs=false", "CGO_ENABLED": "0"}
-    run(["go", "install", f"{package}@{version}"], env=env, cwd="/", stdout=sys.stderr)
-    (built,) = gobin.iterdir()  # named after the package's last element
-    built.rename(gobin / name)
+    tmp = binary.parent.with_name(f"{binary.parent.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    env = {**os.environ, "GOFLAGS": "-buildvcs=false", "CGO_ENABLED": "0"}
+    if in_module is None:
+        run(
+            ["go", "install", f"{package}@{version}"],
+            env={**env, "GOBIN": str(tmp)},
+            cwd="/",
+            stdout=sys.stderr,
+        )
+        (built,) = tmp.iterdir()  # named after the package's last element
+        built.rename(tmp / name)
+    else:
+        out = run(
+            ["go", "mod", "download", "-json", f"{package}@{version}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            cwd="/",
+        )
+        src = CACHE / f"{name}-src"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.copytree(Path(json.loads(out.stdout)["Dir"]), src)
+        run(["chmod", "-R", "u+w", str(src)])
+        env["GOFLAGS"] += " -mod=mod"  # the module's go.sum may lack entries of test-only deps
+        run(
+            ["go", "build", "-trimpath", "-o", str(tmp / name), in_module],
+            cwd=src,
+            env=env,
+            stdout=sys.stderr,
+        )
+        shutil.rmtree(src, ignore_errors=True)
     shutil.rmtree(binary.parent, ignore_errors=True)
-    gobin.rename(binary.parent)
+    tmp.rename(binary.parent)
     return binary
