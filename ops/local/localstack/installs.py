@@ -3,6 +3,7 @@ Kafka's jars from Maven Central, a SeaweedFS build."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -126,6 +127,15 @@ def go_tool(name: str, package: str, version: str, in_module: str | None = None)
     binary = CACHE / f"{name}-{version}" / name
     if binary.exists():
         return binary
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / f"{name}-{version}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test sessions on a cold machine: one builds
+        if not binary.exists():
+            _go_build(name, package, version, in_module, binary)
+    return binary
+
+
+def _go_build(name: str, package: str, version: str, in_module: str | None, binary: Path) -> None:
     log(f"building {name} {version} with the Go toolchain (first time only, a few minutes)")
     tmp = binary.parent.with_name(f"{binary.parent.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -161,4 +171,3 @@ def go_tool(name: str, package: str, version: str, in_module: str | None = None)
         shutil.rmtree(src, ignore_errors=True)
     shutil.rmtree(binary.parent, ignore_errors=True)
     tmp.rename(binary.parent)
-    return binary
