@@ -230,6 +230,7 @@ def test_metrics_are_scraped_and_the_boards_ship_as_a_configmap(
     assert boards["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = sorted(p.name for p in (chart.ROOT / "ops/grafana/dashboards").glob("*.json"))
     assert sorted(boards["data"]) == shipped and len(shipped) >= 4
+    assert sum(len(v.encode()) for v in boards["data"].values()) < 1024 * 1024  # a ConfigMap's limit
     for name in shipped:
         assert json.loads(boards["data"][name]) == json.loads(
             (chart.ROOT / "ops/grafana/dashboards" / name).read_text()
