@@ -394,3 +394,26 @@ def test_planted_fault_in_rendered_objects_is_caught(
     mutate(objects)
     found = chart.problems(objects)
     assert any(expect in p for p in found), found
+
+
+def test_topic_prefix_reaches_the_services_and_the_triggers(tmp_path: Path) -> None:
+    """KAFKA_TOPIC_PREFIX renames every topic and consumer group (topics.py): KEDA must watch the
+    prefixed ones."""
+    objects = chart.render(
+        [chart.VALUES / "autoscaled.yaml", {"kafka": {"topicPrefix": "team-a."}}], tmp_path
+    )
+    assert chart.problems(objects) == []
+    so = by_kind(objects, "ScaledObject")["es-evalstream-worker-llama-8b-l4"]
+    watched = [(t["metadata"]["topic"], t["metadata"]["consumerGroup"]) for t in so["spec"]["triggers"]]
+    assert watched == [
+        (
+            "team-a." + topics.work_topic("llama-8b-l4"),
+            "team-a." + topics.worker_consumer_group("llama-8b-l4"),
+        ),
+        ("team-a." + topics.RETRY, "team-a." + topics.RETRY_GROUP),
+    ]
+    for name in by_kind(objects, "Deployment"):
+        assert chart.plain_env(container(objects, name))["KAFKA_TOPIC_PREFIX"] == "team-a.", name
+    # and the checks see a trigger left on the unprefixed topic
+    so["spec"]["triggers"][0]["metadata"]["topic"] = topics.work_topic("llama-8b-l4")
+    assert any("no trigger on team-a.eval.work.llama-8b-l4" in p for p in chart.problems(objects))
