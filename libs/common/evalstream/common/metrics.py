@@ -71,8 +71,13 @@ WORKER_HEARTBEAT = Gauge(
 HOST_MEMORY_AVAILABLE = Gauge(
     "evalstream_host_memory_available_bytes", "Host MemAvailable (fallback without GPU memory gauges)"
 )
-RUN_ITEMS = Counter(
-    "evalstream_run_items_total", "Results recorded per run (succeeded, failed)", ["run_id", "status"]
+# A gauge, not a counter: it is the run's rows by outcome, and a failure that a redrive
+# turns into a success moves from `failed` to `succeeded` (the name is kept for the boards,
+# alerts and the fault checker that read it).
+RUN_ITEMS = Gauge(
+    "evalstream_run_items_total",
+    "Results recorded per run, by current outcome (succeeded, failed)",
+    ["run_id", "status"],
 )
 RUN_SCORE = Counter(
     "evalstream_run_score_total", "Sum of item scores recorded per run (a failure scores 0)", ["run_id"]

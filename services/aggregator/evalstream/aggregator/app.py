@@ -113,7 +113,7 @@ async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
     store = ResultStore(pool)
     table = delta.DeltaMirror(
-        delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), pool
+        delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), store
     )
     completion = Completion(store, storage.client(settings), settings.s3_bucket_results, table, crash_points)
     running.set(AggregatorState(pool=pool, store=store, completion=completion))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from minio import Minio
@@ -34,15 +36,25 @@ log = logging.getLogger("evalstream.aggregator")
 RUN_SERIES_TTL_S = 15 * 60
 
 
-def written_results(results: list[ItemResult], written: set[tuple[str, str]]) -> list[ItemResult]:
-    """The results whose rows this write made, once per item (a success over a failure):
-    metrics count rows, not deliveries, so a redelivered batch is not counted twice."""
+@dataclass(frozen=True)
+class Recorded:
+    """What one write changed, as the metrics count it: rows, not deliveries, so that a
+    redelivered batch is not counted twice."""
+
+    results: list[ItemResult]  # the results whose rows the write made, once per item
+    replaced: set[tuple[str, str]]  # of those, successes that replaced a recorded failure
+
+
+def written_results(results: list[ItemResult], written: Mapping[tuple[str, str], bool]) -> Recorded:
+    """`results` as `store.write` recorded them (`written`: key -> whether the row is new),
+    once per item (a success over a failure)."""
     by_item = {
         (r.run_id, r.item_id): r
         for r in sorted(results, key=lambda r: r.error is None)
         if (r.run_id, r.item_id) in written
     }
-    return list(by_item.values())
+    replaced = {key for key, new in written.items() if not new and by_item[key].error is None}
+    return Recorded(list(by_item.values()), replaced)
 
 
 class Completion:
@@ -112,25 +124,28 @@ class Completion:
         except Exception:
             log.exception("run %s: HTML report not saved to S3", run_id)
 
-    async def observe(self, results: list[ItemResult]) -> None:
+    async def observe(self, recorded: Recorded) -> None:
         """Metrics of recorded results: final item outcomes, per-run counts and score, and
-        each item's end-to-end latency (its run was created -> its result is recorded)."""
+        each item's end-to-end latency (its run was created -> its result is recorded).
+        A success that replaced a recorded failure (after a redrive) moves its item from
+        the run's failed count to its succeeded one: the per-run counts stay the rows."""
         per_run: dict[str, list[float]] = {}
-        for r in results:
-            counts = per_run.setdefault(r.run_id, [0, 0, 0.0])  # succeeded, failed, score
+        for r in recorded.results:
+            counts = per_run.setdefault(r.run_id, [0, 0, 0.0, 0])  # succeeded, failed, score, replaced
             counts[1 if r.error is not None else 0] += 1
             counts[2] += r.score
+            counts[3] += (r.run_id, r.item_id) in recorded.replaced
         failed = sum(c[1] for c in per_run.values())
-        ITEMS.labels(service="aggregator", status="succeeded").inc(len(results) - failed)
+        ITEMS.labels(service="aggregator", status="succeeded").inc(len(recorded.results) - failed)
         ITEMS.labels(service="aggregator", status="failed").inc(failed)
         created = await self.store.runs_created(set(per_run))
         now = time.time()
         e2e = STAGE_LATENCY.labels(stage="end_to_end")
-        for run_id, (ok, bad, score) in per_run.items():
+        for run_id, (ok, bad, score, replaced) in per_run.items():
             RUN_ITEMS.labels(run_id=run_id, status="succeeded").inc(ok)
-            RUN_ITEMS.labels(run_id=run_id, status="failed").inc(bad)
+            RUN_ITEMS.labels(run_id=run_id, status="failed").inc(bad - replaced)
             RUN_SCORE.labels(run_id=run_id).inc(score)
-            if run_id in created:
+            if run_id in created:  # an item is observed once: when its first row is made
                 latency = max(0.0, now - created[run_id])
-                for _ in range(int(ok + bad)):
+                for _ in range(int(ok + bad - replaced)):
                     e2e.observe(latency)

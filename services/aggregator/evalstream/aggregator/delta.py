@@ -30,15 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from evalstream.aggregator.objects import SCHEMA as RESULT_SCHEMA
+from evalstream.aggregator.store import ResultStore, RunMeta
 from evalstream.common.settings import S3Settings
 
 log = logging.getLogger("evalstream.aggregator.delta")
@@ -52,13 +51,6 @@ PARTITION_BY = ["run_id"]
 TABLE_CONFIG: dict[str, str | None] = {"delta.setTransactionRetentionDuration": "interval 30 days"}
 
 Row = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class RunMeta:
-    model: str
-    manifest_sha256: str | None
-    dataset_sha256: str | None
 
 
 def table_uri(settings: S3Settings) -> str:
@@ -186,12 +178,12 @@ class DeltaResults:
 
 
 class DeltaMirror:
-    """The aggregator's side: run metadata from PostgreSQL (cached once the run has its
+    """The aggregator's side: run metadata from its store (cached once the run has its
     manifest), table writes off the event loop."""
 
-    def __init__(self, results: DeltaResults, pool: asyncpg.Pool) -> None:
+    def __init__(self, results: DeltaResults, store: ResultStore) -> None:
         self.results = results
-        self.pool = pool
+        self.store = store
         self._meta: dict[str, RunMeta] = {}
 
     async def write(self, shards: Mapping[tuple[str, str], Sequence[Row]]) -> int:
@@ -210,12 +202,7 @@ class DeltaMirror:
         fetched: dict[str, RunMeta] = {}
         missing = sorted(r for r in run_ids if r not in self._meta)
         if missing:
-            rows = await self.pool.fetch(
-                "SELECT run_id, model, manifest_sha256, dataset_sha256 FROM runs WHERE run_id = ANY($1::text[])",
-                missing,
-            )
-            for r in rows:
-                fetched[r["run_id"]] = RunMeta(r["model"], r["manifest_sha256"], r["dataset_sha256"])
+            fetched = await self.store.run_meta(missing)
             # final once the run has its manifest: it never changes after publishing
             self._meta.update({k: m for k, m in fetched.items() if m.manifest_sha256 is not None})
             while len(self._meta) > 10_000:

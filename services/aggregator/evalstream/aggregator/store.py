@@ -71,6 +71,15 @@ class DeadLetterRecord:
     payload: bytes
 
 
+@dataclass(frozen=True)
+class RunMeta:
+    """What the Delta Lake table repeats of a run on each of its rows (delta.py)."""
+
+    model: str
+    manifest_sha256: str | None
+    dataset_sha256: str | None
+
+
 class ResultStore:
     CREATED_CACHE_SIZE = 10_000  # runs whose creation time is kept (it never changes)
 
@@ -89,9 +98,11 @@ class ResultStore:
         successes: list[ItemResult],
         failures: list[ItemResult],
         dead_letters: Sequence[DeadLetterRecord] = (),
-    ) -> set[tuple[str, str]]:
+    ) -> dict[tuple[str, str], bool]:
         """One transaction: all of it is durable before any offset is committed. Returns the
-        (run_id, item_id) of the rows it wrote: a redelivered duplicate is not among them."""
+        (run_id, item_id) of the rows it wrote, each with whether the row is new (False: a
+        success replaced the item's recorded failure); a redelivered duplicate is not among
+        them."""
         async with self.pool.acquire() as conn, conn.transaction():
             if dead_letters:
                 await conn.executemany(
@@ -117,7 +128,7 @@ class ResultStore:
                     ],
                 )
             added: dict[str, int] = {}
-            written: set[tuple[str, str]] = set()
+            written: dict[tuple[str, str], bool] = {}
             for sql, rows in (
                 (UPSERT_SUCCESS, _one_per_item(successes)),
                 (INSERT_FAILURE, _one_per_item(failures)),
@@ -125,7 +136,7 @@ class ResultStore:
                 if rows:
                     for rec in await conn.fetch(sql, *_columns(rows)):
                         added[rec["run_id"]] = added.get(rec["run_id"], 0) + int(rec["inserted"])
-                        written.add((rec["run_id"], rec["item_id"]))
+                        written[(rec["run_id"], rec["item_id"])] = rec["inserted"]
             if added:
                 await conn.executemany(
                     "UPDATE runs SET recorded = recorded + $2, updated_at = now() WHERE run_id = $1",
@@ -148,6 +159,13 @@ class ResultStore:
         for r in rows:
             out[(r["run_id"], r["shard_id"])].append(r)
         return out
+
+    async def run_meta(self, run_ids: Sequence[str]) -> dict[str, RunMeta]:
+        rows = await self.pool.fetch(
+            "SELECT run_id, model, manifest_sha256, dataset_sha256 FROM runs WHERE run_id = ANY($1::text[])",
+            list(run_ids),
+        )
+        return {r["run_id"]: RunMeta(r["model"], r["manifest_sha256"], r["dataset_sha256"]) for r in rows}
 
     async def progress(self, run_id: str) -> tuple[str, int | None, int]:
         """(status, total, results so far)."""
