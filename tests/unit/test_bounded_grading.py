@@ -194,7 +194,7 @@ def test_numbers_are_found_as_before() -> None:
         ["1", "23", " ", "/", ",", ".", "-", "e", "$", "a", "\\frac{1}{2}", "\\boxed{"]
     ):
         old = [m.group(0) for m in OLD_NUMBER.finditer(text)]
-        assert [m.group(0) for m in numeric._NUMBER.finditer(text)] == old, text
+        assert [m.group(0) for m in numeric.NUMBER.finditer(text)] == old, text
 
 
 def test_whole_words_are_found_as_before() -> None:

@@ -30,12 +30,10 @@ Three checks, each flag with its evidence:
 from __future__ import annotations
 
 import argparse
-import re
 import string
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from types import ModuleType
 from typing import Any
 
 import asyncpg
@@ -43,6 +41,8 @@ import asyncpg
 from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json
 from evalstream.cli.datasets_cmd import DatasetRefError, load_ref
 from evalstream.cli.reliability import CATEGORICAL, Estimate, Observation, estimate
+from evalstream.common.gold import gold_letter, item_problem, letters_of, resolve_grader
+from evalstream.common.graders import split_grader
 from evalstream.common.messages import Item
 from evalstream.common.settings import Settings
 
@@ -56,8 +56,6 @@ MIN_AGREE = 2
 MAX_FDR = 0.1
 RELIABILITY, MAJORITY = "reliability", "majority"
 CERTAIN = 1.0  # the score of the checks that need no estimate (duplicates, unparsable golds)
-UNLISTED_OPTIONS = 5  # a multiple-choice item without `choices` has letters A-E
-_LONE_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\]]?[.:]?")
 CATEGORY_SHARE = 0.8  # "auto": a category is numeric when this share of its golds are numbers
 _END_PUNCTUATION = (
     string.punctuation + " \u00bf\u00a1\u2026\u201c\u201d\u2018\u2019\u00ab\u00bb\u3002\uff1f\uff01"
@@ -174,37 +172,15 @@ def model_agreement(
 
 
 def answer_kind(item: Item, grader: str) -> tuple[str, int | None]:
-    """(answer kind, number of letters for multiple choice) of an item under `grader`, the way
-    "auto" resolves it. Pure: the number test is a plain float parse, not the numeric grader's
-    (it only groups items whose wrong answers collide alike)."""
-    name = grader.split(":", 1)[0]
-    if name == "auto":
-        if item.test and item.entry_point:
-            return "code", None
-        if item.choices:
-            return CATEGORICAL, len(item.choices)
-        try:
-            float((item.answer or "").strip().replace(",", "").rstrip("%"))
-        except ValueError:
-            return "exact", None
-        return "numeric", None
-    if name in (CATEGORICAL, "multiple_choice"):
-        return CATEGORICAL, len(item.choices) if item.choices else UNLISTED_OPTIONS
+    """(answer kind, number of letters for multiple choice) of an item under `grader`, as
+    the graders resolve "auto" (evalstream.common.gold)."""
+    try:
+        name = split_grader(resolve_grader(grader, item))[0]
+    except ValueError:  # not a grader SPEC: a kind of its own
+        name = grader.split(":", 1)[0]
+    if name == CATEGORICAL:
+        return CATEGORICAL, len(letters_of(item))
     return name, None
-
-
-def _gold_letter(item: Item, options: int) -> str | None:
-    """The gold answer as a letter: a lone letter, the text of a choice or a 0-based index."""
-    gold = (item.answer or "").strip()
-    letters = string.ascii_uppercase[:options]
-    if m := _LONE_LETTER.fullmatch(gold):
-        return m[1].upper() if m[1].upper() in letters else None
-    texts = [normalise(c) for c in item.choices or []]
-    if normalise(gold) in texts:
-        return letters[texts.index(normalise(gold))]
-    if gold.isdigit() and int(gold) < len(texts):
-        return letters[int(gold)]
-    return None
 
 
 def observations(items: Sequence[Item], runs: Mapping[str, RunResults], grader: str) -> list[Observation]:
@@ -224,7 +200,7 @@ def observations(items: Sequence[Item], runs: Mapping[str, RunResults], grader: 
                 for r in results.values()
                 if r.get("correct") and r.get("extracted")
             ]
-            letter = right[0] if right else _gold_letter(item, options)
+            letter = right[0] if right else gold_letter(item)
             gold = letter if letter is not None else f"gold:{gold}"  # not a letter: an open item
         answers: dict[str, str | None] = {}
         for model, r in results.items():
@@ -303,21 +279,8 @@ def reliability_flags(
     return flags, est
 
 
-def _grading() -> ModuleType | None:
-    """The worker's graders, where installed: the producer image carries evalctl without them."""
-    try:
-        from evalstream.worker import grading
-    except ImportError:
-        return None
-    return grading
-
-
 def unparsable_golds(items: Sequence[Item], grader: str) -> list[Flag]:
-    """Needs the graders (worker code); raises ImportError where they are not installed."""
-    grading = _grading()
-    if grading is None:
-        raise ImportError("evalstream.worker.grading")
-    item_problem, resolve_grader = grading.item_problem, grading.resolve_grader
+    """Items whose gold the grader cannot read, by the graders' own item checks."""
     flags = []
     resolved = {i.id: resolve_grader(grader, i) for i in items}
     numeric_share: dict[str | None, tuple[int, int]] = {}
@@ -385,10 +348,7 @@ def audit(
             # the lowest false-alarm share any cut reaches: what --fdr would need to flag anything
             "lowest_fdr": round(min(q_values(est.scores).values(), default=1.0), 4),
         }
-    try:
-        flags += unparsable_golds(items, grader)
-    except ImportError:
-        skipped[UNPARSABLE] = "the graders (evalstream.worker) are not installed here"
+    flags += unparsable_golds(items, grader)
     flags.sort(key=lambda f: -f.score)  # stable: equal scores keep the checks' order
     suspects = sorted({s for f in flags for s in f.suspects})
     return {

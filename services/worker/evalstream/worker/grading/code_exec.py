@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import signal
 
+from evalstream.common.gold import code_problem as problem
 from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
@@ -27,14 +28,6 @@ MAX_DETAIL = 300  # what of the program's own stderr reaches results
 
 _CANDIDATE_FRAME = re.compile(r'^\s*File "<candidate>", line (\d+)')
 _ANY_FRAME = re.compile(r'^\s*File "')
-
-
-def problem(item: Item) -> str | None:
-    if not item.test or not item.entry_point:
-        return f"item {item.id}: code execution needs `test` and `entry_point`"
-    if not item.entry_point.isidentifier():
-        return f"item {item.id}: entry_point {item.entry_point!r} is not a Python identifier"
-    return None
 
 
 def _indent_of_last_line(text: str) -> str:

@@ -5,12 +5,13 @@ collapsed, not inside a longer word or number ("Paris" is not in "Parisian", "42
 
 from __future__ import annotations
 
+from evalstream.common.gold import needs_gold as problem
+from evalstream.common.gold import normalize
 from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
-from evalstream.worker.grading.exact import contains_word, normalize
-from evalstream.worker.grading.exact import problem as problem
+from evalstream.worker.grading.exact import contains_word
 
 GRADER_VERSION = GRADER_VERSIONS["contains"]  # bump it there: run manifests record it
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from evalstream.common.gold import needs_gold as problem
+from evalstream.common.gold import normalize
 from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
@@ -23,22 +25,7 @@ from evalstream.worker.grading.clean import clean_response
 
 GRADER_VERSION = GRADER_VERSIONS["exact"]  # bump it there: run manifests record it
 
-_ANSWER_PREFIX = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)\s*:?\s*")
-_WRAPPERS = " \"'`*"  # quotes and markdown emphasis around an answer
-_TRAILING = ".!?,;:"
 _FIRST_SENTENCE_END = re.compile(r"(?<=[.!?])\s|\n")
-
-
-def normalize(text: str) -> str:
-    text = " ".join(text.split()).casefold().lstrip(_WRAPPERS)
-    text = _ANSWER_PREFIX.sub("", text)
-    return text.strip(_WRAPPERS).rstrip(_WRAPPERS + _TRAILING)
-
-
-def problem(item: Item) -> str | None:
-    if item.answer is None or not normalize(item.answer):
-        return f"item {item.id}: no gold answer to compare with"
-    return None
 
 
 def contains_word(text: str, word: str) -> bool:

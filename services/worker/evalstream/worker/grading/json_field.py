@@ -14,35 +14,18 @@ import json
 import math
 from typing import Any
 
+from evalstream.common.gold import field_for, normalize, parse_number
+from evalstream.common.gold import json_problem as problem
 from evalstream.common.graders import GRADER_VERSIONS, json_path
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import extract_json
-from evalstream.worker.grading.exact import normalize
-from evalstream.worker.grading.numeric import ABS_TOL, REL_TOL, parse_number
+from evalstream.worker.grading.numeric import ABS_TOL, REL_TOL
 
 GRADER_VERSION = GRADER_VERSIONS["json"]  # bump it there: run manifests record it
 MAX_EXTRACTED = 2000
 
 _MISSING = object()
-
-
-def field_for(item: Item, default: str | None) -> str | None:
-    meta = item.meta or {}
-    given = meta.get("json_field")
-    return given if isinstance(given, str) and given else default
-
-
-def problem(item: Item, default: str | None = None) -> str | None:
-    if item.answer is None:
-        return f"item {item.id}: no gold answer to compare with"
-    path = field_for(item, default)
-    if path is not None:
-        try:
-            json_path(path)
-        except ValueError as exc:
-            return f"item {item.id}: {exc}"
-    return None
 
 
 def lookup(document: Any, path: str | None) -> Any:

@@ -41,10 +41,6 @@ _VERDICT = re.compile(r"verdict[\s:=*_`\"'\-]*(correct|incorrect)\b", re.I)
 _LONE = re.compile(r"[*_`\"'\s]*(correct|incorrect)[*_`\"'.!\s]*", re.I)
 
 
-def problem(item: Item, spec: str | None = None) -> str | None:
-    return None if spec else f"item {item.id}: the judge grader needs a model: judge:<model SPEC>"
-
-
 def rubric_for(item: Item) -> str:
     given = (item.meta or {}).get("rubric")
     return given if isinstance(given, str) and given.strip() else DEFAULT_RUBRIC

@@ -12,45 +12,16 @@ the item's choices, so that "a" or "I" in a sentence is never read as a choice.
 from __future__ import annotations
 
 import re
-import string
 
+from evalstream.common.gold import LETTERS, LONE_LETTER, gold_letter, letters_of, normalize
+from evalstream.common.gold import choice_problem as problem
 from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
-from evalstream.worker.grading.exact import contains_word, normalize
+from evalstream.worker.grading.exact import contains_word
 
 GRADER_VERSION = GRADER_VERSIONS["choice"]  # bump it there: run manifests record it
-LETTERS = string.ascii_uppercase
-UNLISTED_LETTERS = "ABCDE"  # an item without `choices` (they are in its question)
-
-_LONE_LETTER = re.compile(r"[(\[]?([A-Za-z])[)\]]?[.:]?")
-
-
-def letters_of(item: Item) -> str:
-    return LETTERS[: len(item.choices)] if item.choices else UNLISTED_LETTERS
-
-
-def gold_letter(item: Item) -> str | None:
-    choices = item.choices or []
-    gold = (item.answer or "").strip()
-    if m := _LONE_LETTER.fullmatch(gold):
-        return m[1].upper() if m[1].upper() in letters_of(item) else None
-    by_text = [LETTERS[i] for i, choice in enumerate(choices) if normalize(choice) == normalize(gold)]
-    if by_text:
-        return by_text[0]
-    if gold.isdigit() and int(gold) < len(choices):
-        return LETTERS[int(gold)]
-    return None
-
-
-def problem(item: Item) -> str | None:
-    if item.choices is not None and not 1 <= len(item.choices) <= len(LETTERS):
-        return f"item {item.id}: multiple choice needs 1..{len(LETTERS)} choices"
-    if gold_letter(item) is None:
-        choices = f"{len(item.choices)} choices" if item.choices else f"letters {UNLISTED_LETTERS}"
-        return f"item {item.id}: gold answer {item.answer!r} is none of the {choices}"
-    return None
 
 
 def marked_letters(text: str, marker: str, letters: str) -> list[str]:
@@ -67,7 +38,7 @@ def marked_letters(text: str, marker: str, letters: str) -> list[str]:
 def extract_letter(text: str, choices: list[str], letters: str | None = None) -> str | None:
     """The letter `text` picks among `letters` (default: one per choice)."""
     letters = letters or LETTERS[: len(choices)]
-    if m := _LONE_LETTER.fullmatch(text):
+    if m := LONE_LETTER.fullmatch(text):
         return m[1].upper() if m[1].upper() in letters else None
     letter = f"([{letters}])(?![\\w'])"  # a capital standing alone: not "As", not "A's"
     for marker in ("answer", "option|choice"):  # "the answer is C, not option A" means C

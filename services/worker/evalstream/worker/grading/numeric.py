@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import re
 
+from evalstream.common.gold import NUMBER, ascii_numbers, number_value, parse_number
+from evalstream.common.gold import numeric_problem as problem
 from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
@@ -25,47 +27,12 @@ GRADER_VERSION = GRADER_VERSIONS["numeric"]  # bump it there: run manifests reco
 REL_TOL = 1e-6
 ABS_TOL = 1e-9
 
-# A number not glued to a Latin word or to another number ("H2O", "5-3" reads as 5 and 3);
-# glued to CJK text it counts ("答えは123です"). Responses are untrusted: the possessive
-# \d++ and \s*+ never give back digits for spaces to be tried again, so "1" * 30000 +
-# " " * 30000 is one pass, not 30000 (giving back a digit could never let "/" match).
-_NUMBER = re.compile(
-    r"""(?<![A-Za-z0-9_.])(?P<sign>[-+−])?\$?
-    (?:(?P<num>\d++)\s*+/\s*+(?P<den>\d++)                   # 1/2
-      |(?P<int>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<dec>\.\d+)?  # 1,234.50  42
-      |(?P<lead>\.\d+))                                     # .5
-    (?P<exp>[eE][-+]?\d+)?""",
-    re.X,
-)
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\{\s*+(-?\d++)\s*+\}\{\s*+(\d++)\s*+\}")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*+\{")
 _BRACE = re.compile(r"[{}]")
-# Full-width digits and signs (U+FF10.., as East Asian keyboards type them), and Unicode
-# minus signs, as their ASCII forms. Not NFKC: it would also turn "10²" into "102".
-_TO_ASCII = str.maketrans(
-    {**{chr(0xFF10 + d): str(d) for d in range(10)}, "．": ".", "，": ",", "％": "%", "＋": "+",
-     "－": "-", "／": "/", "＄": "$", "−": "-", "‒": "-", "–": "-", "﹣": "-"}
-)  # fmt: skip
-
-
-def _prepare(text: str) -> str:
-    """ASCII digits and signs; LaTeX spellings of plain numbers: \\frac{1}{2}, 1{,}234, \\$, \\!."""
-    text = _LATEX_FRAC.sub(r"\1/\2", text.translate(_TO_ASCII))
-    return text.replace("{,}", ",").replace("\\$", "$").replace("\\!", "")
-
-
-def _value(m: re.Match[str]) -> float | None:
-    sign = -1.0 if m["sign"] == "-" else 1.0
-    exp = float(f"1{m['exp']}") if m["exp"] else 1.0
-    if m["num"] is not None:
-        den = int(m["den"])
-        return None if den == 0 else sign * int(m["num"]) / den * exp
-    digits = m["lead"] or m["int"].replace(",", "") + (m["dec"] or "")
-    return sign * float(digits) * exp
 
 
 def _numbers(text: str) -> list[float]:
-    return [v for m in _NUMBER.finditer(text) if (v := _value(m)) is not None]
+    return [v for m in NUMBER.finditer(text) if (v := number_value(m)) is not None]
 
 
 def _last_boxed(text: str) -> str | None:
@@ -87,7 +54,7 @@ def _last_boxed(text: str) -> str | None:
 def extract_number(text: str) -> float | None:
     """The answer number of a response, by the policy above. A marker decides even when it
     holds no number: "\\boxed{n}" is no numeric answer, whatever numbers precede it."""
-    text = _prepare(text)
+    text = ascii_numbers(text)
     if (boxed := _last_boxed(text)) is not None:
         found = _numbers(boxed)
         return found[-1] if found else None
@@ -98,25 +65,11 @@ def extract_number(text: str) -> float | None:
     return found[-1] if found else None
 
 
-def parse_number(text: str) -> float | None:
-    """A gold answer as a number: the whole text (after GSM8K's "####", if any) must be one
-    number, give or take a "%" or a final period; None otherwise."""
-    text = _prepare(text.rsplit("####", 1)[-1]).strip().rstrip(".").rstrip("%").strip()
-    m = _NUMBER.fullmatch(text)
-    return _value(m) if m else None
-
-
 def canonical(value: float) -> str:
     """42.0 -> "42", 3.50 -> "3.5": the shortest string that reads back as the same value."""
     if value.is_integer() and abs(value) < 1e16:
         return str(int(value))
     return repr(value)
-
-
-def problem(item: Item) -> str | None:
-    if item.answer is None or parse_number(item.answer) is None:
-        return f"item {item.id}: gold answer {item.answer!r} is not a number"
-    return None
 
 
 def numeric(rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> Grader:

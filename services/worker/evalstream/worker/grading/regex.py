@@ -16,37 +16,15 @@ they run on RE2 where it reads them as Python does, else under the grading pool'
 
 from __future__ import annotations
 
-import re
-
+from evalstream.common.gold import normalize, pattern_for
+from evalstream.common.gold import regex_problem as problem
 from evalstream.common.graders import GRADER_VERSIONS
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.clean import clean_response
-from evalstream.worker.grading.exact import normalize
 from evalstream.worker.grading.patterns import compile_pattern
 
 GRADER_VERSION = GRADER_VERSIONS["regex"]  # bump it there: run manifests record it
-
-
-def pattern_for(item: Item, default: str | None) -> tuple[str | None, bool]:
-    """(the pattern, whether it is the gold answer itself)."""
-    meta = item.meta or {}
-    given = meta.get("regex") if isinstance(meta.get("regex"), str) else None
-    pattern = given or default
-    return (pattern, False) if pattern else (item.answer, True)
-
-
-def problem(item: Item, default: str | None = None) -> str | None:
-    pattern, is_gold = pattern_for(item, default)
-    if not pattern:
-        return f"item {item.id}: no pattern (meta.regex, regex:<pattern> or a gold answer)"
-    try:
-        compiled = compile_pattern(pattern)
-    except re.error as exc:
-        return f"item {item.id}: bad pattern {pattern!r}: {exc}"
-    if compiled.groups and not is_gold and item.answer is None:
-        return f"item {item.id}: pattern {pattern!r} extracts an answer, but the item has no gold answer"
-    return None
 
 
 def regex(default: str | None = None) -> Grader:
