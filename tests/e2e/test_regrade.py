@@ -1,5 +1,7 @@
 """`evalctl regrade`: a finished run's stored answers graded again, as a new run, with no
-model call (evalctl runs with Kafka unreachable to prove it) and the original untouched."""
+model call (the grading worker's engine counts none) and the original untouched. evalctl
+asks (a Regrade on eval.control); the aggregator makes the run, a worker grades; a
+redelivered request adds nothing."""
 
 from __future__ import annotations
 
@@ -7,18 +9,23 @@ import asyncio
 import json
 import os
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
-from evalstream.common import storage
-from evalstream.common.settings import Settings
+from evalstream.common import storage, topics
+from evalstream.common.lag import group_lag
+from evalstream.common.messages import Regrade, encode
+from evalstream.common.settings import SERVICE_PORTS, Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import EVALCTL, ROOT, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider
-from tests.support import free_port, unique
+from tests.support import read_topic_since, topic_end_offsets, unique, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -36,9 +43,7 @@ CONTAINS = [True, True, True, False, True, True]
 
 
 def regrade(run_id: str, grader: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    # no Kafka: whatever a regrade does, it cannot publish work for a model
-    env = {**os.environ, "KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}", "PYTHONUNBUFFERED": "1"}
-    env["WORKER_MODEL"] = "openai:*"  # the judges it may call, as a worker's operator allows them
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [*EVALCTL, "regrade", run_id, "--grader", grader, "--json"],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
@@ -48,12 +53,33 @@ def regrade(run_id: str, grader: str, check: bool = True) -> subprocess.Complete
     return proc
 
 
+def samples(port: int, name: str) -> dict[str, float]:
+    """The service's `name` series (label values joined) from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def engine_requests(port: int) -> float:
+    return sum(samples(port, "evalstream_engine_requests_total").values())
+
+
+def graded_items(port: int) -> float:
+    return samples(port, "evalstream_items_total").get("service=worker,status=succeeded", 0.0)
+
+
 @pytest.fixture
 async def original(stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path: Path) -> dict[str, Any]:
-    """A completed run graded with `exact`, on a replay worker group of its own."""
+    """A completed run graded with `exact`, on a replay worker group of its own, which also
+    grades its regrades (its operator allows judges of any OpenAI-compatible endpoint)."""
     group = unique("regrade")
     await ensure_topics(stack.kafka_bootstrap, [group])
-    worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*")
+    worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*,openai:*")
     await asyncio.to_thread(worker.wait_healthy, port)
     tag = unique("g")
     items = [
@@ -66,7 +92,7 @@ async def original(stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path
     )
     rows = await result_rows(pg, summary["run_id"])
     assert [r["correct"] for r in rows] == EXACT
-    return summary
+    return {**summary, "worker_port": port}
 
 
 async def test_regrade_makes_a_new_run_and_keeps_the_original(
@@ -74,6 +100,8 @@ async def test_regrade_makes_a_new_run_and_keeps_the_original(
 ) -> None:
     run_id = original["run_id"]
     before = [dict(r) for r in await result_rows(pg, run_id)]
+    calls_before = engine_requests(original["worker_port"])
+    graded_before = graded_items(original["worker_port"])
     proc = await asyncio.to_thread(regrade, run_id, "contains")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     new_id = summary["run_id"]
@@ -95,6 +123,9 @@ async def test_regrade_makes_a_new_run_and_keeps_the_original(
     assert run["manifest_sha256"] != original["manifest_sha256"]
     report = storage.get_bytes(storage.client(stack), stack.s3_bucket_results, f"runs/{new_id}/report.json")
     assert json.loads(report)["accuracy"] == summary["accuracy"]
+    # graded by the worker, without a model call
+    assert engine_requests(original["worker_port"]) == calls_before
+    assert graded_items(original["worker_port"]) == graded_before + len(ANSWERS)
 
 
 async def test_regrade_with_a_model_judge(pg: asyncpg.Connection, original: dict[str, Any]) -> None:
@@ -131,3 +162,62 @@ async def test_regrade_refuses_bad_graders_before_writing(
         "SELECT count(*) FROM runs WHERE spec->>'regrade_of' = $1", original["run_id"]
     )
     assert runs_after == runs_before
+
+
+async def control_consumed(stack: Settings) -> bool:
+    lag = await group_lag(stack.kafka_bootstrap, topics.AGGREGATOR_CONTROL_GROUP, topics.CONTROL)
+    return bool(lag) and all(n == 0 for n in lag.values())
+
+
+def run_items(run_id: str) -> dict[str, float]:
+    aggregator_port = SERVICE_PORTS["aggregator"] + int(os.environ.get("EVALSTREAM_PORT_OFFSET", "0"))
+    return {
+        k: v
+        for k, v in samples(aggregator_port, "evalstream_run_items_total").items()
+        if f"run_id={run_id}," in k
+    }
+
+
+async def test_a_redelivered_regrade_request_adds_nothing(
+    stack: Settings, pg: asyncpg.Connection, kafka_producer: AIOKafkaProducer, original: dict[str, Any]
+) -> None:
+    """The same request again - after the run completed, and after a crash that left it
+    `publishing` (its shards published again) - neither grades again nor counts again."""
+    port = original["worker_port"]
+    proc = await asyncio.to_thread(regrade, original["run_id"], "contains")
+    new_id = json.loads(proc.stdout.strip().splitlines()[-1])["run_id"]
+    graded = graded_items(port)
+    counted = run_items(new_id)
+    assert sum(counted.values()) == len(ANSWERS)
+    request = Regrade(run_id=original["run_id"], new_run_id=new_id, grader="contains")
+
+    async def redeliver() -> int:
+        """Publishes the request twice; the number of shards of the run published since."""
+        start = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
+        for _ in range(2):
+            await kafka_producer.send_and_wait(topics.CONTROL, encode(request), key=new_id.encode())
+        await wait_until(lambda: control_consumed(stack), 60, what="the aggregator to read the requests")
+        published = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, start)
+        return sum(key == new_id.encode() for key, _, _ in published)
+
+    assert await redeliver() == 0  # the run is completed: nothing to do
+    assert graded_items(port) == graded
+
+    # as if the aggregator had died while publishing: the request is acted on again
+    await pg.execute("UPDATE runs SET status = 'publishing' WHERE run_id = $1", new_id)
+    assert await redeliver() == 1  # the run's one shard, published once more (not twice)
+
+    async def regraded_again() -> bool:
+        status = await pg.fetchval("SELECT status FROM runs WHERE run_id = $1", new_id)
+        return status == "completed" and graded_items(port) == graded + len(ANSWERS)
+
+    await wait_until(regraded_again, 120, what="the republished shards graded and the run completed")
+    row = await pg.fetchrow("SELECT total, recorded FROM runs WHERE run_id = $1", new_id)
+    assert (row["total"], row["recorded"]) == (len(ANSWERS), len(ANSWERS))
+    assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", new_id) == len(ANSWERS)
+    assert run_items(new_id) == counted  # the aggregator counted no row twice
+    assert [r["correct"] for r in await result_rows(pg, new_id)] == CONTAINS
+    regrades = await pg.fetchval(
+        "SELECT count(*) FROM runs WHERE spec->>'regrade_of' = $1", original["run_id"]
+    )
+    assert regrades == 1

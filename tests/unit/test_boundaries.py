@@ -24,15 +24,9 @@ WORKER_ONLY = ("torch", "pynvml")
 CHECKED = ("libs", "services", "cli", "ops")
 
 # Imports still crossing a boundary, each with what removes it. The test fails on any other
-# violation, and on an entry here that no longer occurs (so the list cannot go stale).
-KNOWN: dict[tuple[str, str], str] = {
-    # regrade grades in evalctl's process with the worker's graders and mirrors to S3 with the
-    # aggregator's writer; to go once regrade is a message the services act on (as dlq redrive is)
-    ("cli/evalstream/cli/regrade.py", "evalstream.worker.grading"): "regrade as a message",
-    ("cli/evalstream/cli/regrade.py", "evalstream.aggregator"): "regrade as a message",
-    # the audit asks the graders which items they cannot grade; to go with item checks in libs/common
-    ("cli/evalstream/cli/audit.py", "evalstream.worker"): "item checks in libs/common",
-}
+# violation, and on an entry here that no longer occurs (so the list cannot go stale). Empty:
+# regrade is a message the services act on, and the item checks audit needs are libs/common's.
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ async def wait_for_run(
                 problems = json.loads(row["problems"] or "[]")
                 lines = "\n  ".join(problem_text(p) for p in problems[:30])
                 fail(
-                    f"run {run_id} rejected by the producer: {len(problems)} problem(s)\n  {lines}",
+                    f"run {run_id} rejected: {len(problems)} problem(s)\n  {lines}",
                     EXIT_REJECTED,
                 )
             if row is not None and row["status"] == "completed":

@@ -35,66 +35,15 @@ from evalstream.cli.common import (
     wait_for_run,
 )
 from evalstream.cli.compare import compare_results, load_results
-from evalstream.cli.datasets_cmd import read_items
 from evalstream.common import fleet, storage
-from evalstream.common.datasets import DatasetError
 from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
 from evalstream.common.jobs import new_run_id, publish_job
-from evalstream.common.manifest import code_version, manifest_differences
+from evalstream.common.manifest import Request, code_version, manifest_differences, request_from_manifest
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
+from evalstream.common.regrading import StoredCopyError, stored_items
 from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves, spec_problem
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a manifest asked for, whatever its manifest_version."""
-
-    dataset_uri: str
-    content_sha256: str
-    model: str
-    grader: str
-    generation: dict[str, Any]
-    prompt_template: str | None
-    system_prompt: str | None
-    shard_size: int
-    retry: dict[str, Any]
-    code: dict[str, Any]
-    sla_fallback: bool = False
-    grader_version: str | None = None  # not recorded before manifest_version 2
-    templates: dict[str, str] | None = None  # idem
-
-
-def request_from_manifest(m: dict[str, Any]) -> Request:
-    if m.get("manifest_version", 1) == 1:
-        return Request(
-            dataset_uri=m["dataset"]["uri"],
-            content_sha256=m["dataset"]["content_sha256"],
-            model=m["model"],
-            grader=m["grader"],
-            generation=m["generation"],
-            prompt_template=m.get("prompt_template"),
-            system_prompt=m.get("system_prompt"),
-            shard_size=m["shard_size"],
-            retry=m["retry"],
-            code=m["code"],
-        )
-    return Request(
-        dataset_uri=m["source"]["uri"],
-        content_sha256=m["dataset"]["content_sha256"],
-        model=m["model"]["spec"],
-        grader=m["grader"]["name"],
-        generation=m["generation"],
-        prompt_template=m["execution"]["prompt_template"],
-        system_prompt=m["prompt"]["system_prompt"],
-        shard_size=m["execution"]["shard_size"],
-        retry=m["execution"]["retry"],
-        code=m["code"],
-        sla_fallback=m["model"]["sla_fallback"],
-        grader_version=m["grader"]["version"],
-        templates=m["prompt"]["templates"],
-    )
 
 
 @dataclass
@@ -187,20 +136,10 @@ def _code(c: dict[str, Any]) -> str:
 
 async def dataset_problem(settings: Settings, req: Request) -> str | None:
     """Why the stored dataset copy cannot be used, or None."""
-
     try:
-        bucket, key = storage.parse_s3_uri(req.dataset_uri)
-        data = await asyncio.to_thread(storage.get_bytes, storage.client(settings), bucket, key)
-    except ValueError as exc:
-        return f"dataset copy: {exc}"
-    except storage.S3Error as exc:
-        return f"the dataset copy {req.dataset_uri} is no longer available ({exc.code})"
-    try:
-        digest, _ = await asyncio.to_thread(read_items, data, "items.jsonl")
-    except DatasetError as exc:
-        return f"the dataset copy {req.dataset_uri} no longer reads: {exc}"
-    if digest != req.content_sha256:
-        return f"the dataset copy {req.dataset_uri} changed: content {digest[:12]}, the run had {req.content_sha256[:12]}"
+        await asyncio.to_thread(stored_items, storage.client(settings), req)
+    except StoredCopyError as exc:
+        return str(exc)
     return None
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -140,3 +141,53 @@ def manifest_differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "")
         elif va != vb:
             out.append(path)
     return out
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a manifest asked for, whatever its manifest_version."""
+
+    dataset_uri: str
+    content_sha256: str
+    model: str
+    grader: str
+    generation: dict[str, Any]
+    prompt_template: str | None
+    system_prompt: str | None
+    shard_size: int
+    retry: dict[str, Any]
+    code: dict[str, Any]
+    sla_fallback: bool = False
+    grader_version: str | None = None  # not recorded before manifest_version 2
+    templates: dict[str, str] | None = None  # idem
+
+
+def request_from_manifest(m: dict[str, Any]) -> Request:
+    if m.get("manifest_version", 1) == 1:
+        return Request(
+            dataset_uri=m["dataset"]["uri"],
+            content_sha256=m["dataset"]["content_sha256"],
+            model=m["model"],
+            grader=m["grader"],
+            generation=m["generation"],
+            prompt_template=m.get("prompt_template"),
+            system_prompt=m.get("system_prompt"),
+            shard_size=m["shard_size"],
+            retry=m["retry"],
+            code=m["code"],
+        )
+    return Request(
+        dataset_uri=m["source"]["uri"],
+        content_sha256=m["dataset"]["content_sha256"],
+        model=m["model"]["spec"],
+        grader=m["grader"]["name"],
+        generation=m["generation"],
+        prompt_template=m["execution"]["prompt_template"],
+        system_prompt=m["prompt"]["system_prompt"],
+        shard_size=m["execution"]["shard_size"],
+        retry=m["execution"]["retry"],
+        code=m["code"],
+        sla_fallback=m["model"]["sla_fallback"],
+        grader_version=m["grader"]["version"],
+        templates=m["prompt"]["templates"],
+    )

@@ -99,9 +99,27 @@ class Item(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     meta: dict[str, Any] | None = None
 
 
+class StoredAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """An answer an earlier run recorded, to be graded again (a regrade): what the new result
+    keeps of the original one."""
+
+    item_id: str
+    response: str
+    latency_ms: float = 0.0
+    cache_hit: bool = False
+    served_by: str = ""
+    model_revision: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    truncated: bool = False
+    attempts: int = 1
+    prompt: str | None = None
+
+
 class Shard(msgspec.Struct, frozen=True, kw_only=True):
-    """A slice of a run. Published to eval.shards (by the producer), eval.work.<group> (by
-    the router) and eval.retry (by workers, with only the items still to do)."""
+    """A slice of a run. Published to eval.shards (by the producer, or by the aggregator for a
+    regrade), eval.work.<group> (by the router) and eval.retry (by workers, with only the
+    items still to do)."""
 
     run_id: str
     shard_id: str
@@ -122,6 +140,9 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     served_model: str | None = None  # model of that group, when it differs (SLA fallback)
     sla_fallback: bool = False
     bypass_cache: bool = False  # from the job
+    # A regrade's shard: the items' recorded answers, graded again with no engine call
+    # (None: a shard to answer). An item without one here fails.
+    answers: list[StoredAnswer] | None = None
     schema_version: int = SCHEMA_VERSION
 
 
@@ -192,14 +213,30 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
 
 
-class Redrive(msgspec.Struct, frozen=True, kw_only=True):
+class Redrive(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="redrive"):
     """Published to eval.control by `evalctl dlq redrive RUN`: the aggregator, which owns the
     dead letters, puts the run's dead-lettered items back on eval.shards with fresh attempts
     and marks the letters redriven (evalctl writes no table itself)."""
 
     run_id: str
-    kind: Literal["redrive"] = "redrive"
     schema_version: int = SCHEMA_VERSION
+
+
+class Regrade(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="regrade"):
+    """Published to eval.control by `evalctl regrade RUN --grader SPEC`: the aggregator makes
+    run `new_run_id` from completed run `run_id`'s recorded answers, graded again with
+    `grader` by a worker group (`worker_group`, else the original's pin, else the router's
+    choice for the run's model), with no model call. Its failed items stay failed. Acting on
+    a request again (a redelivery) adds nothing."""
+
+    run_id: str  # the original
+    new_run_id: str
+    grader: str
+    worker_group: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+ControlRequest = Redrive | Regrade  # what eval.control carries, told apart by `kind`
 
 
 class DeadLetterHeaders:

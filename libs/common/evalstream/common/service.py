@@ -289,7 +289,7 @@ async def decode_or_dead_letter(
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         logging.getLogger("evalstream").warning(
             "undecodable %s at %s[%d]@%d dead-lettered: %s",
-            kind.__name__,
+            getattr(kind, "__name__", kind),  # a union of messages has no name
             record.topic,
             record.partition,
             record.offset,

@@ -12,18 +12,27 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
+from minio import Minio
 
-from evalstream.aggregator import delta, redrive, web
+from evalstream.aggregator import delta, redrive, regrade, web
 from evalstream.aggregator.completion import Completion, written_results
 from evalstream.aggregator.dead_letters import park_unknown_run, read_dead_letters
 from evalstream.aggregator.store import ResultStore
 from evalstream.common import db, service, storage, telemetry, topics
-from evalstream.common.messages import ItemResult, Redrive, Shard, ShardResult, encode
+from evalstream.common.messages import (
+    ControlRequest,
+    ItemResult,
+    Redrive,
+    Regrade,
+    Shard,
+    ShardResult,
+    encode,
+)
 from evalstream.common.settings import AggregatorSettings
 from evalstream.common.testhooks import CrashPoints
 
@@ -38,6 +47,7 @@ class AggregatorState:
     pool: asyncpg.Pool
     store: ResultStore
     completion: Completion
+    s3: Minio
 
 
 running = service.Started[AggregatorState]()
@@ -97,15 +107,19 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
 )
 @service.backoff_on_error()
 async def on_control(msg: KafkaMessage) -> None:
-    """Requests from evalctl, which writes no table itself: redrive a run's dead letters."""
-    request = await service.decode_or_dead_letter(broker, service.record_of(msg), Redrive)
-    if request is None:
-        return
+    """Requests from evalctl, which writes no table itself: redrive a run's dead letters
+    (redrive.py), regrade a run (regrade.py)."""
+    kinds = cast("type[ControlRequest]", ControlRequest)  # a union, told apart by `kind`
+    request = await service.decode_or_dead_letter(broker, service.record_of(msg), kinds)
+    aggregator = running.get()
 
     async def publish(shard: Shard) -> None:
         await broker.publish(encode(shard), topics.SHARDS, key=shard.run_id.encode())
 
-    await redrive.redrive_run(running.get().store, request.run_id, publish)
+    if isinstance(request, Redrive):
+        await redrive.redrive_run(aggregator.store, request.run_id, publish)
+    elif isinstance(request, Regrade):
+        await regrade.regrade_run(aggregator.store, aggregator.s3, aggregator.completion, request, publish)
 
 
 @asynccontextmanager
@@ -115,8 +129,9 @@ async def lifespan() -> AsyncIterator[None]:
     table = delta.DeltaMirror(
         delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), store
     )
-    completion = Completion(store, storage.client(settings), settings.s3_bucket_results, table, crash_points)
-    running.set(AggregatorState(pool=pool, store=store, completion=completion))
+    s3 = storage.client(settings)
+    completion = Completion(store, s3, settings.s3_bucket_results, table, crash_points)
+    running.set(AggregatorState(pool=pool, store=store, completion=completion, s3=s3))
     try:
         yield
     finally:

@@ -54,12 +54,14 @@ def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord]
 
 def failed_results(shard: Shard, error: str, attempts: int) -> list[ItemResult]:
     served_by = f"{shard.routed_to}/{shard.served_model or shard.model}" if shard.routed_to else ""
+    # a regrade's item that could not be graded keeps its recorded answer
+    answers = {a.item_id: a.response for a in shard.answers or []}
     return [
         ItemResult(
             run_id=shard.run_id,
             item_id=item.id,
             shard_id=shard.shard_id,
-            response=None,
+            response=answers.get(item.id),
             extracted=None,
             correct=None,
             score=0.0,

@@ -217,3 +217,75 @@ class ResultStore:
         await self.pool.execute(
             "UPDATE dead_letters SET redriven_at = now() WHERE id = ANY($1::bigint[])", ids
         )
+
+    # --- regrades (regrade.py): the original run, and the new run's rows in `runs`
+
+    async def run_row(self, run_id: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            "SELECT run_id, name, status, model, spec, manifest, manifest_sha256, dataset_uri, dataset_sha256,"
+            " total, shard_count FROM runs WHERE run_id = $1",
+            run_id,
+        )
+        return dict(row) if row is not None else None
+
+    async def run_state(self, run_id: str) -> tuple[str, str | None] | None:
+        """(status, the run it regrades) of `run_id`, or None if there is no such run."""
+        row = await self.pool.fetchrow(
+            "SELECT status, spec->>'regrade_of' AS regrade_of FROM runs WHERE run_id = $1", run_id
+        )
+        return (row["status"], row["regrade_of"]) if row is not None else None
+
+    async def result_rows(self, run_id: str) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(
+            f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results WHERE run_id = $1 ORDER BY item_id", run_id
+        )
+        return [dict(r) for r in rows]
+
+    async def create_regrade_run(
+        self,
+        run_id: str,
+        original: dict[str, Any],
+        *,
+        name: str,
+        grader: str,
+        spec: dict[str, Any],
+        manifest: dict[str, Any],
+        digest: str,
+    ) -> None:
+        """The new run, `publishing` until its shards are on the broker (kept as it is when
+        it exists: a redelivered request)."""
+        await self.pool.execute(
+            "INSERT INTO runs (run_id, name, status, model, grader, spec, manifest, manifest_sha256, dataset_uri,"
+            " dataset_sha256, total, shard_count, published_at)"
+            " VALUES ($1, $2, 'publishing', $3, $4, $5, $6, $7, $8, $9, $10, $11, now())"
+            " ON CONFLICT (run_id) DO NOTHING",
+            run_id,
+            name,
+            original["model"],
+            grader,
+            json.dumps(spec),
+            json.dumps(manifest),
+            digest,
+            original["dataset_uri"],
+            original["dataset_sha256"],
+            original["total"],
+            original["shard_count"],
+        )
+
+    async def mark_published(self, run_id: str) -> None:
+        await self.pool.execute(
+            "UPDATE runs SET status = 'running', updated_at = now() WHERE run_id = $1 AND status = 'publishing'",
+            run_id,
+        )
+
+    async def reject_regrade(
+        self, run_id: str, original: str, grader: str, problems: list[dict[str, Any]]
+    ) -> None:
+        await self.pool.execute(
+            "INSERT INTO runs (run_id, status, model, grader, spec, problems)"
+            " VALUES ($1, 'rejected', '', $2, $3, $4) ON CONFLICT (run_id) DO NOTHING",
+            run_id,
+            grader,
+            json.dumps({"regrade_of": original, "grader": grader, "run_id": run_id}),
+            json.dumps(problems),
+        )

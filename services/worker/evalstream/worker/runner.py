@@ -3,7 +3,8 @@
 For a set of shards it renders every prompt, serves what it can from the answer cache,
 plans length-sorted batches of the misses under the token budget, runs the engine off the
 event loop, and grades the answers. Items whose engine call failed come back as transient
-(to retry) or permanent (to dead-letter) failures.
+(to retry) or permanent (to dead-letter) failures. A regrade's shard carries its answers
+(`Shard.answers`): they are graded as they are, with no engine and no cache.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import msgspec
 
 from evalstream.common import evidence, telemetry
 from evalstream.common.keys import cache_key
-from evalstream.common.messages import Item, ItemResult, Shard
+from evalstream.common.messages import Item, ItemResult, Shard, StoredAnswer
 from evalstream.common.metrics import (
     BATCH_SIZE,
     ENGINE_BUSY,
@@ -77,6 +78,16 @@ class _Pending:
 
 
 @dataclass
+class _Stored:
+    """An item of a regrade: its recorded answer, to grade again."""
+
+    shard: Shard
+    item: Item
+    grader: str
+    answer: StoredAnswer
+
+
+@dataclass
 class RunnerConfig:
     group: str
     token_budget: int = 2048
@@ -127,6 +138,8 @@ class ModelRunner:
 
     async def run(self, shards: list[Shard]) -> Outcome:
         outcome = Outcome(results={s.shard_id: [] for s in shards})
+        stored = self._stored_answers([s for s in shards if s.answers is not None], outcome)
+        shards = [s for s in shards if s.answers is None]
         pending = await asyncio.to_thread(self._prepare, shards, outcome)
         # a shard that bypasses the cache (a reproduction) never reads it, even for a key
         # that another shard of the same round looked up
@@ -134,9 +147,14 @@ class ModelRunner:
         hits = await self._cache_lookup([p.key for p in readers if p.key])
         cached = {id(p) for p in readers if p.key in hits}
         misses = [p for p in pending if id(p) not in cached]
-        answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]] = [
+        answered: list[tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]] = [
             (p, hits[p.key], 0.0, True, False) for p in readers if id(p) in cached and p.key
         ]
+        answered += [
+            (p, CachedAnswer(p.answer.response, p.answer.prompt_tokens, p.answer.completion_tokens),
+             p.answer.latency_ms, p.answer.cache_hit, p.answer.truncated)
+            for p in stored
+        ]  # fmt: skip
         by_engine: dict[int, list[_Pending]] = {}
         for p in misses:
             by_engine.setdefault(id(p.engine), []).append(p)
@@ -232,6 +250,21 @@ class ModelRunner:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("answer cache unavailable, %d answers not cached: %s", len(entries), exc)
 
+    @staticmethod
+    def _stored_answers(shards: list[Shard], outcome: Outcome) -> list[_Stored]:
+        """A regrade's items with their recorded answers (an item without one fails)."""
+        out = []
+        for shard in shards:
+            answers = {a.item_id: a for a in shard.answers or []}
+            for item in shard.items:
+                try:
+                    out.append(_Stored(shard, item, resolve_grader(shard.grader, item), answers[item.id]))
+                except KeyError:
+                    outcome.failures.append(Failure(shard, item, "regrade: no recorded answer", False))
+                except Exception as exc:  # a bad item must not sink its shard
+                    outcome.failures.append(Failure(shard, item, f"{type(exc).__name__}: {exc}", False))
+        return out
+
     def _prepare(self, shards: list[Shard], outcome: Outcome) -> list[_Pending]:
         pending = []
         for shard in shards:
@@ -267,7 +300,7 @@ class ModelRunner:
         return pending
 
     def _grade_all(
-        self, answered: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
+        self, answered: list[tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]]
     ) -> tuple[list[ItemResult], list[Failure]]:
         blocking = [e for e in answered if e[0].grader.split(":", 1)[0] in BLOCKING_GRADERS]
         strings = [e for e in answered if e[0].grader.split(":", 1)[0] not in BLOCKING_GRADERS]
@@ -283,7 +316,7 @@ class ModelRunner:
         return [g for g in graded if isinstance(g, ItemResult)], [g for g in graded if isinstance(g, Failure)]
 
     def _grade_in_pool(
-        self, pool: GradingPool, entries: list[tuple[_Pending, CachedAnswer, float, bool, bool]]
+        self, pool: GradingPool, entries: list[tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]]
     ) -> list[ItemResult | Failure]:
         """Graded in the pool's processes. A reply's error (a grader that failed, overran its
         deadline or crashed) fails its item for good: the same answer would do it again."""
@@ -299,7 +332,9 @@ class ModelRunner:
             for e, r in zip(entries, replies, strict=True)
         ]
 
-    def _grade_one(self, entry: tuple[_Pending, CachedAnswer, float, bool, bool]) -> ItemResult | Failure:
+    def _grade_one(
+        self, entry: tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]
+    ) -> ItemResult | Failure:
         p, answer = entry[0], entry[1]
         try:
             # Graders clean what they read themselves (think blocks, fences): cleaning here
@@ -313,8 +348,17 @@ class ModelRunner:
             return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", False)
         return self._result(entry, grade)
 
-    def _result(self, entry: tuple[_Pending, CachedAnswer, float, bool, bool], grade: Grade) -> ItemResult:
+    def _result(
+        self, entry: tuple[_Pending | _Stored, CachedAnswer, float, bool, bool], grade: Grade
+    ) -> ItemResult:
         p, answer, latency_ms, cache_hit, truncated = entry
+        if isinstance(p, _Stored):  # a regrade: only the grade is new
+            served_by, revision, attempts, prompt = (
+                p.answer.served_by, p.answer.model_revision, p.answer.attempts, p.answer.prompt
+            )  # fmt: skip
+        else:
+            served_by, revision = f"{self.config.group}/{p.engine.name}", p.engine.revision
+            attempts, prompt = p.shard.attempt, p.prompt
         return ItemResult(
             run_id=p.shard.run_id,
             item_id=p.item.id,
@@ -323,18 +367,18 @@ class ModelRunner:
             extracted=grade.extracted,
             correct=grade.correct,
             score=grade.score,
-            attempts=p.shard.attempt,
+            attempts=attempts,
             cache_hit=cache_hit,
             latency_ms=latency_ms,
-            served_by=f"{self.config.group}/{p.engine.name}",
-            model_revision=p.engine.revision,
+            served_by=served_by,
+            model_revision=revision,
             prompt_tokens=answer.prompt_tokens,
             completion_tokens=answer.completion_tokens,
             truncated=truncated,
             category=p.item.category,
             question=evidence.question_of(p.item),
             gold=evidence.gold_of(p.item),
-            prompt=evidence.clip(p.prompt, evidence.MAX_PROMPT_CHARS),
+            prompt=evidence.clip(prompt, evidence.MAX_PROMPT_CHARS),
             detail=evidence.clip(grade.detail, evidence.MAX_DETAIL_CHARS),
             evidence=evidence.clip(grade.evidence, evidence.MAX_EVIDENCE_CHARS),
         )

@@ -1,0 +1,62 @@
+"""Reading a finished run back: its items from the stored dataset copy (`evalctl reproduce`,
+`evalctl regrade`, the aggregator's regrades), and the manifest of a regrade of it.
+
+A regrade is a new run: the original's manifest with the grader replaced and a `regrade_of`
+section naming the original run, its manifest hash and grader (its grades depend on the
+original's answers, so they are part of what is hashed).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from minio import Minio
+
+from evalstream.common import storage
+from evalstream.common.datasets import DatasetError, load_dataset
+from evalstream.common.graders import grader_version
+from evalstream.common.manifest import Request
+from evalstream.common.messages import Item
+
+
+class StoredCopyError(Exception):
+    """The run's dataset copy is gone, unreadable or not what the run read."""
+
+
+def stored_items(s3: Minio, req: Request) -> list[Item]:
+    """The run's items (gold answers, tests) from its content-addressed dataset copy,
+    checked against the content hash its manifest recorded. Blocking (S3)."""
+    try:
+        bucket, key = storage.parse_s3_uri(req.dataset_uri)
+        data = storage.get_bytes(s3, bucket, key)
+    except ValueError as exc:
+        raise StoredCopyError(f"dataset copy: {exc}") from exc
+    except storage.S3Error as exc:
+        raise StoredCopyError(
+            f"the dataset copy {req.dataset_uri} is no longer available ({exc.code})"
+        ) from exc
+    try:
+        loaded = load_dataset(data, "items.jsonl")
+    except DatasetError as exc:
+        raise StoredCopyError(f"the dataset copy {req.dataset_uri} no longer reads: {exc}") from exc
+    if loaded.content_sha256 != req.content_sha256:
+        raise StoredCopyError(
+            f"the dataset copy {req.dataset_uri} changed: content {loaded.content_sha256[:12]}, "
+            f"the run had {req.content_sha256[:12]}"
+        )
+    return loaded.items
+
+
+def regraded_manifest(
+    manifest: dict[str, Any], run_id: str, digest: str | None, grader: str
+) -> dict[str, Any]:
+    """The original manifest with the new grader and what it regrades."""
+    out = json.loads(json.dumps(manifest))  # deep copy
+    original_grader = out["grader"]["name"] if isinstance(out.get("grader"), dict) else out.get("grader")
+    if isinstance(out.get("grader"), dict):  # manifest_version >= 2
+        out["grader"] = {"name": grader, "version": grader_version(grader)}
+    else:
+        out["grader"] = grader
+    out["regrade_of"] = {"run_id": run_id, "manifest_sha256": digest, "grader": original_grader}
+    return out

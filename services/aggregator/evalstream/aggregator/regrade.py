@@ -1,0 +1,240 @@
+"""Regrading a completed run, on request (messages.Regrade on eval.control, which `evalctl
+regrade` publishes): a new run whose items are the original's recorded answers graded
+again by a worker group, with no model call. The aggregator owns the tables, so it is the
+one that makes the run; graders (the code sandbox, judges and their keys) are the workers'.
+
+1. The request is checked (the original completed, the grader SPEC, every answered item
+   gradable by it); a bad one leaves the new run `rejected` with its problems.
+2. The new run is created `publishing` (its manifest is the original's with the grader
+   replaced and `regrade_of`), the original's failed items are copied as its failures,
+   and each original shard's answers go to eval.shards as a shard carrying them
+   (`Shard.answers`); the router hands them to a worker group, which grades and publishes
+   to eval.results, where they are recorded like any result (idempotently, by item).
+3. The run becomes `running`; it completes like any run once every item has its row.
+
+Redelivery: a request for a run that exists is acted on again only while that run is still
+`publishing` (the aggregator died before it had published everything): its shards are
+published again and the sinks drop what was already recorded. Once `running`, `completed`
+or `rejected`, a redelivered request changes nothing - no second grading, no count added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from minio import Minio
+
+from evalstream.aggregator.completion import Completion, written_results
+from evalstream.aggregator.store import ResultStore
+from evalstream.common.gold import item_problem
+from evalstream.common.graders import grader_problem
+from evalstream.common.manifest import manifest_sha256, request_from_manifest
+from evalstream.common.messages import (
+    GenerationParams,
+    Item,
+    ItemResult,
+    Regrade,
+    RetryPolicy,
+    Shard,
+    StoredAnswer,
+)
+from evalstream.common.regrading import StoredCopyError, regraded_manifest, stored_items
+
+log = logging.getLogger("evalstream.aggregator.regrade")
+
+Publish = Callable[[Shard], Awaitable[None]]
+MAX_RUN_ID = 128
+MAX_PROBLEMS = 50  # of a rejected regrade, listed in runs.problems
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A regrade's new run: its failures (copied) and the shards of answers to grade."""
+
+    failures: list[ItemResult]
+    shards: list[Shard]
+
+
+def stored_answer(row: Mapping[str, Any]) -> StoredAnswer:
+    return StoredAnswer(
+        item_id=row["item_id"],
+        response=row["response"],
+        latency_ms=row["latency_ms"] or 0.0,
+        cache_hit=bool(row["cache_hit"]),
+        served_by=row["served_by"] or "",
+        model_revision=row["model_revision"] or "",
+        prompt_tokens=row["prompt_tokens"] or 0,
+        completion_tokens=row["completion_tokens"] or 0,
+        truncated=bool(row["truncated"]),
+        attempts=row["attempts"] or 1,
+        prompt=row["prompt"],
+    )
+
+
+def answered(row: Mapping[str, Any]) -> bool:
+    return row["error"] is None and row["response"] is not None
+
+
+def plan(
+    request: Regrade,
+    original: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    items: Mapping[str, Item],
+) -> Plan:
+    """The new run's failures and shards: one shard per original shard that has answers
+    (the same items together), each item with its recorded answer."""
+    spec = json.loads(original["spec"] or "{}")
+    new = request.new_run_id
+
+    def shard_id(original_shard: str) -> str:
+        return f"{new}-{original_shard.removeprefix(request.run_id + '-')}"
+
+    failures = [
+        ItemResult(
+            **{
+                **{k: r[k] for k in ItemResult.__struct_fields__ if k in r},
+                "run_id": new,
+                "shard_id": shard_id(r["shard_id"]),
+            }
+        )
+        for r in rows
+        if not answered(r)
+    ]
+    by_shard: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if answered(r):
+            by_shard.setdefault(r["shard_id"], []).append(r)
+    generation = msgspec.convert(spec.get("generation") or {}, GenerationParams)
+    retry = msgspec.convert(spec.get("retry") or {}, RetryPolicy)
+    shards = [
+        Shard(
+            run_id=new,
+            shard_id=shard_id(original_shard),
+            shard_index=index,
+            shard_count=len(by_shard),
+            model=original["model"],
+            grader=request.grader,
+            generation=generation,
+            items=[items[r["item_id"]] for r in shard_rows],
+            retry=retry,
+            worker_group=request.worker_group or spec.get("worker_group"),
+            answers=[stored_answer(r) for r in shard_rows],
+        )
+        for index, (original_shard, shard_rows) in enumerate(sorted(by_shard.items()))
+    ]
+    return Plan(failures, shards)
+
+
+def request_problems(request: Regrade, original: Mapping[str, Any] | None) -> list[str]:
+    """What is wrong with the request before any item is read."""
+    out = []
+    if not request.new_run_id or len(request.new_run_id) > MAX_RUN_ID or request.new_run_id == request.run_id:
+        out.append(f"new_run_id must be a new run id of 1..{MAX_RUN_ID} characters")
+    if original is None:
+        out.append(f"no run {request.run_id!r}")
+    elif original["status"] != "completed" or original["manifest"] is None:
+        out.append(f"run {request.run_id} is {original['status']}: only a completed run can be regraded")
+    if problem := grader_problem(request.grader):
+        out.append(problem)
+    return out
+
+
+def item_problems(grader: str, rows: Sequence[Mapping[str, Any]], items: Mapping[str, Item]) -> list[str]:
+    """Why answered items cannot be graded by `grader` (an answer without an item in the
+    dataset copy included)."""
+    out = []
+    for r in rows:
+        if not answered(r):
+            continue
+        item = items.get(r["item_id"])
+        problem = (
+            f"item {r['item_id']}: not in the run's dataset copy"
+            if item is None
+            else item_problem(grader, item)
+        )
+        if problem:
+            out.append(problem)
+    return out
+
+
+async def regrade_run(
+    store: ResultStore, s3: Minio, completion: Completion, request: Regrade, publish: Publish
+) -> None:
+    existing = await store.run_state(request.new_run_id)
+    if existing is not None:
+        status, regrade_of = existing
+        if regrade_of != request.run_id:
+            log.warning(
+                "regrade to %s ignored: that run exists and regrades no %s",
+                request.new_run_id,
+                request.run_id,
+            )
+            return
+        if status != "publishing":
+            log.info("regrade %s redelivered: the run is %s, nothing to do", request.new_run_id, status)
+            return
+    original = await store.run_row(request.run_id)
+    if problems := request_problems(request, original):
+        await reject(store, request, problems)
+        return
+    assert original is not None
+    manifest = json.loads(original["manifest"])
+    try:
+        items = {i.id: i for i in await asyncio.to_thread(stored_items, s3, request_from_manifest(manifest))}
+    except StoredCopyError as exc:
+        await reject(store, request, [str(exc)])
+        return
+    rows = await store.result_rows(request.run_id)
+    if problems := item_problems(request.grader, rows, items):
+        await reject(store, request, problems)
+        return
+    new_manifest = regraded_manifest(manifest, request.run_id, original["manifest_sha256"], request.grader)
+    spec = {**json.loads(original["spec"] or "{}"), "grader": request.grader, "run_id": request.new_run_id}
+    spec["regrade_of"] = request.run_id
+    await store.create_regrade_run(
+        request.new_run_id,
+        original,
+        name=f"{original['name'] or original['run_id']} (regraded: {request.grader})",
+        grader=request.grader,
+        spec=spec,
+        manifest=new_manifest,
+        digest=manifest_sha256(new_manifest),
+    )
+    todo = plan(request, original, rows, items)
+    written = await store.write([], todo.failures)
+    for shard in todo.shards:
+        await publish(shard)
+    await store.mark_published(request.new_run_id)
+    await completion.observe(written_results(todo.failures, written))
+    # the copied failures' shard files, and the run's completion if every item had failed
+    await completion.after_write({(request.new_run_id, f.shard_id) for f in todo.failures})
+    log.info(
+        "regrade %s of %s with %s: %d answer(s) in %d shard(s) published, %d failure(s) copied",
+        request.new_run_id,
+        request.run_id,
+        request.grader,
+        sum(len(s.items) for s in todo.shards),
+        len(todo.shards),
+        len(todo.failures),
+    )
+
+
+async def reject(store: ResultStore, request: Regrade, problems: list[str]) -> None:
+    log.warning("regrade %s of %s rejected: %s", request.new_run_id, request.run_id, problems[:3])
+    if not request.new_run_id or len(request.new_run_id) > MAX_RUN_ID or request.new_run_id == request.run_id:
+        return  # no run of its own to leave the problems on
+    shown = problems[:MAX_PROBLEMS]
+    if len(problems) > MAX_PROBLEMS:
+        shown.append(f"... and {len(problems) - MAX_PROBLEMS} more")
+    await store.reject_regrade(
+        request.new_run_id,
+        request.run_id,
+        request.grader,
+        [{"line": None, "field": "regrade", "message": p} for p in shown],
+    )
