@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +72,30 @@ def test_small_groups_read_only_their_variables() -> None:
     env = {"KAFKA_TOPIC_PREFIX": "t1.", "HTTP_PORT": "not a port", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}
     assert TopicSettings.from_env(env).kafka_topic_prefix == "t1."
     assert TelemetrySettings.from_env(env).otel_exporter_otlp_endpoint == "http://c"
+
+
+# Where the product touches the environment other than through settings.py, and why.
+ENVIRONMENT_TOUCHES = {
+    # the grading pool's children get a copy of the few variables Python needs to start
+    "services/worker/evalstream/worker/grading_pool.py": "os.environ.items()",
+    # MLflow's own switch for a file store, set for the library (a write, not a setting)
+    "cli/evalstream/cli/export.py": "os.environ.setdefault(",
+}
+
+
+def test_every_variable_is_read_through_settings() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for top in ("services", "libs", "cli"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel == "libs/common/evalstream/common/settings.py":
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if (
+                    re.search(r"os\.environ\b|getenv\(", code)
+                    and ENVIRONMENT_TOUCHES.get(rel, "\0") not in code
+                ):
+                    found.append(f"{rel}:{n}: {line.strip()}")
+    assert found == [], "environment read outside settings.py:\n" + "\n".join(found)

@@ -36,7 +36,7 @@ import asyncpg
 from evalstream.cli.common import fail, out_json, wait_for_run
 from evalstream.common.reports import summarise
 from evalstream.common.results import RESULT_COLUMNS as STORED_COLUMNS
-from evalstream.common.settings import Settings
+from evalstream.common.settings import ExportSettings, Settings
 
 TRACKERS = ("wandb", "mlflow")
 # The tracker's results table: every stored column of an item but the run's own ids and the
@@ -189,7 +189,8 @@ def to_mlflow(run: RunExport, *, tracking_uri: str, experiment: str) -> dict[str
 
     if tracking_uri.startswith("file:"):
         # A local file store, asked for by name: MLflow 3 keeps it in maintenance mode and
-        # refuses it unless told that it is wanted (a database store needs full mlflow).
+        # refuses it unless told that it is wanted (a database store needs full mlflow). A
+        # write for the library, not a setting of ours.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(experiment)
@@ -220,21 +221,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    defaults = ExportSettings.from_env()  # the trackers' own variables (WANDB_*, MLFLOW_*)
     trackers = p.add_subparsers(dest="tracker", required=True)
     w = trackers.add_parser("wandb", help="to Weights & Biases (online, or --offline files)")
-    w.add_argument("--project", default=os.environ.get("WANDB_PROJECT", "evalstream"))
-    w.add_argument("--entity", default=os.environ.get("WANDB_ENTITY"))
-    w.add_argument("--dir", default=os.environ.get("WANDB_DIR", "."), help="where W&B keeps its run files")
+    w.add_argument("--project", default=defaults.wandb_project)
+    w.add_argument("--entity", default=defaults.wandb_entity or None)
+    w.add_argument("--dir", default=defaults.wandb_dir, help="where W&B keeps its run files")
     w.add_argument(
         "--offline", action="store_true", help="write the run under --dir only (`wandb sync` later)"
     )
     m = trackers.add_parser("mlflow", help="to an MLflow tracking server or store")
     m.add_argument(
         "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI", "file:./mlruns"),
+        default=defaults.mlflow_tracking_uri,
         help="e.g. http://mlflow:5000 or file:/path/mlruns (default MLFLOW_TRACKING_URI, else file:./mlruns)",
     )
-    m.add_argument("--experiment", default=os.environ.get("MLFLOW_EXPERIMENT_NAME", "evalstream"))
+    m.add_argument("--experiment", default=defaults.mlflow_experiment_name)
     for parser in (w, m):
         parser.add_argument("run", help="run id")
         parser.add_argument("--wait", action="store_true", help="wait for the run to complete first")

@@ -131,11 +131,64 @@ class WorkerGroupSettings(_Group):
     worker_group: str = "default"  # a worker's group; its work topic is eval.work.<group>
 
 
+@dataclass(frozen=True)
+class OpenAISettings(_Group):
+    """The operator's defaults for `openai:` engines (worker/engines/openai.py); a SPEC's own
+    options, then its provider preset's, come first. Also the engine's defaults."""
+
+    openai_concurrency: int = 8
+    openai_rps: float = 0.0  # 0: unpaced
+    openai_rpm: float = 0.0
+    openai_timeout_s: float = 60.0
+    openai_max_retries: int = 6
+
+
+@dataclass(frozen=True)
+class SandboxSettings(_Group):
+    # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
+    # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
+    sandbox_cgroup: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSettings(_Group):
+    # as the CUDA runtime reads it: the GPU that CUDA calls device 0 is the first one named
+    # (an index or a GPU- UUID), which NVML's gauges must read (worker/gpu.py)
+    cuda_visible_devices: str = ""
+
+
+@dataclass(frozen=True)
+class ExportSettings(_Group):
+    """`evalctl export`'s defaults (cli/export.py), under the trackers' own variable names."""
+
+    wandb_project: str = "evalstream"
+    wandb_entity: str = ""
+    wandb_dir: str = "."
+    mlflow_tracking_uri: str = "file:./mlruns"
+    mlflow_experiment_name: str = "evalstream"
+
+
+def named_variable(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A variable that a setting names rather than this module (WORKER_API_KEYS maps each
+    endpoint to the variable holding its key, chosen by the operator): the one read of the
+    environment by a name not declared here. Empty reads as None."""
+    env = os.environ if environ is None else environ
+    return env.get(name) or None
+
+
 # --------------------------------------------------------------------------- per service
 
 
 @dataclass(frozen=True)
-class WorkerSettings(ServiceSettings, DatabaseSettings, TestHookSettings, WorkerGroupSettings):
+class WorkerSettings(
+    ServiceSettings,
+    DatabaseSettings,
+    TestHookSettings,
+    WorkerGroupSettings,
+    OpenAISettings,
+    SandboxSettings,
+    GpuSettings,
+):
     # the group's allow-list: comma-separated SPEC patterns it serves, models and judges alike
     worker_model: str = f"{DEFAULT_MODEL},null,replay:*"
     # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
@@ -151,9 +204,6 @@ class WorkerSettings(ServiceSettings, DatabaseSettings, TestHookSettings, Worker
     heartbeat_interval_s: float = 2.0
     model_cache_dir: str = ""  # empty: $XDG_CACHE_HOME/evalstream/models
     xdg_cache_home: str = ""  # empty: ~/.cache
-    # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
-    # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
-    sandbox_cgroup: str = ""
     # The string graders run in this many child processes, each item under this deadline
     # and each process under this address-space limit (worker/grading_pool.py).
     grading_processes: int = 2
@@ -221,7 +271,9 @@ class BootstrapSettings(KafkaSettings, DatabaseSettings, S3Settings, WorkerGroup
 
 
 @dataclass(frozen=True)
-class Settings(WorkerSettings, RouterSettings, ProducerSettings, AggregatorSettings, BootstrapSettings):
+class Settings(
+    WorkerSettings, RouterSettings, ProducerSettings, AggregatorSettings, BootstrapSettings, ExportSettings
+):
     """Every group: for the CLI, the tests and the benchmarks, which talk to all services."""
 
 

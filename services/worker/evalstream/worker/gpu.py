@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from evalstream.common.settings import GpuSettings
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class _Nvml:
 
 def _visible_gpu_handle(pynvml: Any) -> Any:
     """The GPU that CUDA calls device 0: NVML numbers all GPUs, ignoring CUDA_VISIBLE_DEVICES."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    first = GpuSettings.from_env().cuda_visible_devices.split(",")[0].strip()
     if first.isdigit():
         return pynvml.nvmlDeviceGetHandleByIndex(int(first))
     if first.startswith("GPU-"):

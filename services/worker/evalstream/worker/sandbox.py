@@ -59,7 +59,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from evalstream.common.settings import DEFAULTS
+from evalstream.common.settings import SandboxSettings
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -270,7 +270,7 @@ def cgroup_parent() -> str | None:
     None: memory is then bounded by rlimits and tmpfs sizes alone (every allocation that
     escapes RLIMIT_AS is refused by seccomp or has nowhere to go: see _REFUSED).
     Raises SandboxUnavailable when one is named but unusable: never a silent fallback."""
-    named = os.environ.get(CGROUP_ENV, DEFAULTS[CGROUP_ENV]).strip()
+    named = SandboxSettings.from_env().sandbox_cgroup.strip()
     if not named:
         return None
     try:

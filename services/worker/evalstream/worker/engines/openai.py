@@ -60,7 +60,6 @@ import asyncio
 import email.utils
 import json
 import logging
-import os
 import random
 import re
 import threading
@@ -75,6 +74,7 @@ import httpx
 from evalstream.common import providers
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.metrics import API_CONCURRENCY, API_REQUESTS, API_RETRIES
+from evalstream.common.settings import OpenAISettings, named_variable
 from evalstream.common.specs import OPENAI_OPTIONS, ModelSpec, SpecError, parse_model_spec
 from evalstream.worker.engines.base import (
     EngineError,
@@ -106,11 +106,11 @@ class OpenAIConfigError(ValueError):
 class OpenAIConfig:
     model: str
     base_url: str  # up to and including the API version, e.g. https://api.deepseek.com/v1
-    concurrency: int = 8
-    rps: float = 0.0
-    rpm: float = 0.0
-    timeout_s: float = 60.0
-    max_retries: int = 6
+    concurrency: int = OpenAISettings.openai_concurrency
+    rps: float = OpenAISettings.openai_rps
+    rpm: float = OpenAISettings.openai_rpm
+    timeout_s: float = OpenAISettings.openai_timeout_s
+    max_retries: int = OpenAISettings.openai_max_retries
     backoff_base_s: float = 0.5
     backoff_cap_s: float = 30.0
     max_retry_after_s: float = 120.0  # a longer Retry-After fails the item now (eval.retry waits)
@@ -122,11 +122,14 @@ class OpenAIConfig:
 
 def openai_config(spec: ModelSpec, env: Mapping[str, str] | None = None) -> OpenAIConfig:
     """The engine's configuration for a parsed `openai:` SPEC: its options (bounded by the
-    parser), else its provider preset's, else the worker's environment (`env`, default
-    os.environ: the operator's defaults), else the defaults."""
+    parser), else its provider preset's, else the operator's (OPENAI_* settings, read from
+    `env`, default the process environment)."""
     if spec.scheme != "openai":
         raise OpenAIConfigError(f"not an openai: SPEC: {spec.text!r}")
-    env = os.environ if env is None else env
+    try:
+        operator = OpenAISettings.from_env(env)
+    except ValueError as exc:
+        raise OpenAIConfigError(f"worker setting: {exc}") from None
     preset = providers.PRESETS[spec.preset] if spec.preset else None
     preset_values = preset.options() if preset else {}
     values: dict[str, Any] = {}
@@ -134,16 +137,9 @@ def openai_config(spec: ModelSpec, env: Mapping[str, str] | None = None) -> Open
         value = getattr(spec.options, bound.field)
         if value is None:
             value = preset_values.get(bound.field)
-        raw = env.get(bound.env)
-        if value is None and raw:
-            try:
-                value = bound.kind(raw)
-            except ValueError:
-                raise OpenAIConfigError(
-                    f"worker setting {bound.env}={raw!r} is not a {bound.kind.__name__}"
-                ) from None
-        if value is not None:
-            values[bound.field] = bound.kind(value)
+        if value is None:
+            value = getattr(operator, bound.env.lower())
+        values[bound.field] = bound.kind(value)
     config = OpenAIConfig(
         model=spec.target, base_url=spec.base_url, key_env=preset.key_env if preset else None, **values
     )
@@ -429,8 +425,7 @@ class OpenAIEngine:
         self._rng = rng or random.Random()
         # the operator's mapping decides which variable, if any, holds this endpoint's key
         self.key_env = key_variable(key_rules, config.base_url) or config.key_env
-        key = (os.environ if env is None else env).get(self.key_env) if self.key_env else None
-        key = key or None
+        key = named_variable(self.key_env, env) if self.key_env else None
         self._key = key  # only for redaction; the client holds it in its auth
         self.limit = AdaptiveLimit(maximum=config.concurrency)
         self.stats: dict[str, int] = {"requests": 0, "retries": 0, "overloads": 0}
