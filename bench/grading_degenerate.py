@@ -12,37 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from evalstream.common.messages import Item
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.degenerate when run as a script
 
-DEGENERATE: dict[str, str] = {
-    "answer+3000_spaces": "The answer" + " " * 3000 + "!",  # issue 12: 54 s per item in `choice`
-    "100KB_spaces": " " * 100_000,
-    "a*50000+!": "a" * 50_000 + "!",
-    "nested_brackets": "[" * 50_000,
-    "nested_braces": "{" * 50_000,
-    "nested_parens": "(" * 50_000,
-    "boxed_nest": "\\boxed{" * 20_000,
-    "digits_100k": "1" * 100_000,
-    "digits+spaces": "1" * 30_000 + " " * 30_000 + "x",
-    "frac_digits+spaces": "\\frac{" + "1" * 30_000 + " " * 30_000,
-    "thousands_seps": "1," * 50_000,
-    "fractions": "1/" * 50_000,
-    "decimals": "1." * 50_000,
-    "answer_is_x10k": "answer is " * 10_000,
-    "option_x10k": "option " * 10_000,
-    "think_open_x15k": "<think>" * 15_000,
-    "fences_x30k": "```" * 30_000,
-    "fence+a*50000": "```" + "a" * 50_000,
-    "verdict_x10k": "verdict " * 10_000,
-    "json_keys": '{"a":' * 20_000,
-    "quotes": '"' * 100_000,
-    "newlines": "\n" * 100_000,
-    "def_x20k": "def " * 20_000,
-}
+from evalstream.common.messages import Item
+from tests.degenerate import DEGENERATE
 
 ITEMS = {
     "exact": Item(id="x", question="q", answer="Paris"),

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from evalstream.common import storage
 from evalstream.common.lag import topic_partitions
@@ -38,7 +38,7 @@ PROMETHEUS_URL = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
 
 
 async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
     await consumer.start()
     try:
         tps = await topic_partitions(consumer, topic)
@@ -48,29 +48,37 @@ async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def read_topic_since(
-    bootstrap: str, topic: str, start: dict[int, int]
-) -> list[tuple[bytes | None, bytes, dict[str, bytes]]]:
-    """Every record of `topic` after the offsets in `start` (as returned by topic_end_offsets)."""
+async def read_records(
+    bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int] | None = None, timeout: float = 120
+) -> list[Any]:
+    """Every record of `topic` from `start` up to `end` (default: the end now), per partition."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
-    out = []
+    out: list[Any] = []
     try:
-        tps = [TopicPartition(topic, p) for p in start]
+        tps = await topic_partitions(consumer, topic)
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
+        now = {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+        ends = {p: min(off, (end or now).get(p, off)) for p, off in now.items()}
         for tp in tps:
-            consumer.seek(tp, start[tp.partition])
-        while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+            consumer.seek(tp, start.get(tp.partition, 0))
+        deadline = time.monotonic() + timeout
+        while any([await consumer.position(tp) < ends.get(tp.partition, 0) for tp in tps]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"reading {topic} took more than {timeout}s")
             for records in (await consumer.getmany(timeout_ms=1000)).values():
-                out += [
-                    (r.key, r.value or b"", dict(r.headers))
-                    for r in records
-                    if r.offset < ends[TopicPartition(topic, r.partition)]
-                ]
+                out += [r for r in records if r.offset < ends.get(r.partition, 0)]
     finally:
         await consumer.stop()
     return out
+
+
+async def read_topic_since(
+    bootstrap: str, topic: str, start: dict[int, int]
+) -> list[tuple[bytes | None, bytes, dict[str, bytes]]]:
+    """(key, value, headers) of every record of `topic` after the offsets in `start` (as
+    returned by topic_end_offsets)."""
+    return [(r.key, r.value or b"", dict(r.headers)) for r in await read_records(bootstrap, topic, start)]
 
 
 def upload_dataset(settings: Settings, path: Path) -> str:

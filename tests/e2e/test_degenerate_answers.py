@@ -29,9 +29,9 @@ from evalstream.common import topics
 from evalstream.common.messages import JobSpec, encode
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
+from tests.degenerate import DEGENERATE
 from tests.e2e.helpers import arithmetic_items, evalctl, write_jsonl
 from tests.support import read_topic_since, topic_end_offsets, unique, upload_dataset, wait_until
-from tests.unit.test_bounded_grading import DEGENERATE
 
 pytestmark = pytest.mark.stack
 

@@ -43,7 +43,8 @@ from evalstream.common.messages import (
 )
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from tests.faults.checker import LogRecord, Outcome, RunCounters, RunHistory, Verdict, check
-from tests.support import ROOT, STACK, stack_cmd, unique, upload_dataset
+from tests.support import ROOT, STACK, read_records, stack_cmd, unique, upload_dataset, wait_until
+from tests.support import topic_end_offsets as end_offsets
 
 # make test-faults runs the large sizes (1.0); make test runs every scenario scaled down.
 SCALE = float(os.environ.get("FAULTS_SCALE", "1"))
@@ -206,17 +207,18 @@ async def rows_by_run(settings: Settings, run_ids: list[str]) -> dict[str, tuple
 async def wait_for(
     check: Callable[[], Awaitable[bool]], timeout: float, what: str, interval: float = 0.25
 ) -> float:
-    """Polls `check` until it holds; returns the seconds it took. A check that raises
+    """tests.support.wait_until, returning the seconds it took, where a check that raises
     OSError or a database error counts as not yet (the thing it reads may be what is down)."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
+
+    async def tolerant() -> bool:
         try:
-            if await check():
-                return time.monotonic() - t0
+            return await check()
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            pass
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            return False
+
+    await wait_until(tolerant, timeout, interval, what=what)
+    return time.monotonic() - t0
 
 
 async def wait_rows(settings: Settings, run_id: str, at_least: int, timeout: float) -> None:
@@ -243,16 +245,6 @@ class TimedRecord:
     timestamp: float  # unix seconds (the record's create time)
 
 
-async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-    await consumer.start()
-    try:
-        tps = await topic_partitions(consumer, topic)
-        return {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
-    finally:
-        await consumer.stop()
-
-
 async def committed_offsets(bootstrap: str, work_topic: str) -> dict[int, int]:
     """The offsets a worker group has committed on its work topic (0 where none yet)."""
     group = topics.worker_consumer_group(work_topic.removeprefix(topics.WORK_PREFIX))
@@ -265,31 +257,6 @@ async def committed_offsets(bootstrap: str, work_topic: str) -> dict[int, int]:
         return out
     finally:
         await consumer.stop()
-
-
-async def read_records(
-    bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int] | None = None, timeout: float = 120
-) -> list[Any]:
-    """Every record of `topic` from `start` up to `end` (default: the end now), per partition."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    out: list[Any] = []
-    try:
-        tps = [TopicPartition(topic, p) for p in await _partitions(consumer, topic)]
-        consumer.assign(tps)
-        now = {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
-        ends = {p: min(off, (end or now).get(p, off)) for p, off in now.items()}
-        for tp in tps:
-            consumer.seek(tp, start.get(tp.partition, 0))
-        deadline = time.monotonic() + timeout
-        while any([await consumer.position(tp) < ends.get(tp.partition, 0) for tp in tps]):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"reading {topic} took more than {timeout}s")
-            for records in (await consumer.getmany(timeout_ms=1000)).values():
-                out += [r for r in records if r.offset < ends.get(r.partition, 0)]
-    finally:
-        await consumer.stop()
-    return out
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[int]:

@@ -23,6 +23,7 @@ import msgspec
 from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json
 from evalstream.common import storage
 from evalstream.common.messages import Item
+from evalstream.common.regrading import StoredCopyError, stored_items
 from evalstream.common.settings import Settings
 
 _HEX = re.compile(r"[0-9a-f]{4,64}")
@@ -114,21 +115,13 @@ async def load_ref(conn: asyncpg.Connection, settings: Settings, ref: str) -> Da
         if not _HEX.fullmatch(ref.lower()):
             raise DatasetRefError(f"{ref!r} is neither a file nor a dataset version (content hash)")
         row = await resolve_version(conn, ref)
-        bucket, key = storage.parse_s3_uri(row["uri"])
-        try:
-            data = await asyncio.to_thread(storage.get_bytes, storage.client(settings), bucket, key)
-        except storage.S3Error as exc:
-            raise DatasetRefError(
-                f"the stored copy of {row['content_sha256'][:12]} is gone ({row['uri']}): {exc.code}"
-            ) from exc
-        digest, items = await asyncio.to_thread(read_items, data, "items.jsonl")
+        s3 = storage.client(settings)
+        items = await asyncio.to_thread(stored_items, s3, row["uri"], row["content_sha256"])
     except DatasetError as exc:
         raise DatasetRefError(f"{ref}: {exc}") from exc
-    if digest != row["content_sha256"]:
-        raise DatasetRefError(
-            f"the stored copy of {row['content_sha256'][:12]} does not match its hash ({digest[:12]})"
-        )
-    return Dataset(digest, items, row["name"])
+    except StoredCopyError as exc:
+        raise DatasetRefError(f"version {row['content_sha256'][:12]}: {exc}") from exc
+    return Dataset(row["content_sha256"], items, row["name"])
 
 
 # --------------------------------------------------------------------------- commands

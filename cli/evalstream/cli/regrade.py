@@ -32,7 +32,7 @@ from evalstream.common.graders import grader_problem
 from evalstream.common.jobs import new_run_id, publish_traced
 from evalstream.common.manifest import request_from_manifest
 from evalstream.common.messages import Regrade
-from evalstream.common.regrading import StoredCopyError, stored_items
+from evalstream.common.regrading import StoredCopyError, run_items
 from evalstream.common.settings import Settings
 
 MAX_SHOWN = 20  # item problems listed when a grader is refused
@@ -42,7 +42,7 @@ async def check_items(settings: Settings, run: Any, grader: str) -> None:
     """Fails (before anything is asked) when an answered item cannot be graded by `grader`."""
     try:
         items = await asyncio.to_thread(
-            stored_items, storage.client(settings), request_from_manifest(json.loads(run["manifest"]))
+            run_items, storage.client(settings), request_from_manifest(json.loads(run["manifest"]))
         )
     except StoredCopyError as exc:
         fail(str(exc), EXIT_REJECTED)

@@ -40,7 +40,7 @@ from evalstream.common.graders import effective_templates, grader_problem, grade
 from evalstream.common.jobs import new_run_id, publish_job
 from evalstream.common.manifest import Request, code_version, manifest_differences, request_from_manifest
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
-from evalstream.common.regrading import StoredCopyError, stored_items
+from evalstream.common.regrading import StoredCopyError, run_items
 from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves, spec_problem
@@ -137,7 +137,7 @@ def _code(c: dict[str, Any]) -> str:
 async def dataset_problem(settings: Settings, req: Request) -> str | None:
     """Why the stored dataset copy cannot be used, or None."""
     try:
-        await asyncio.to_thread(stored_items, storage.client(settings), req)
+        await asyncio.to_thread(run_items, storage.client(settings), req)
     except StoredCopyError as exc:
         return str(exc)
     return None

@@ -33,13 +33,6 @@ def worker_group_row(
     members = sorted((hb for hb in beats if hb.status != "stopped"), key=lambda hb: hb.worker_id)
     live = fleet.live_members(members, now, timeout_s)
     total_lag = sum(lag.values())
-    pressure = [
-        hb.gpu_memory_used_bytes / (hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes)
-        for hb in live
-        if hb.gpu_memory_used_bytes is not None
-        and hb.gpu_memory_free_bytes is not None
-        and hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes > 0
-    ]
     return {
         "group": beats[0].group,
         "model": max(beats, key=lambda hb: hb.ts).model,
@@ -63,7 +56,7 @@ def worker_group_row(
         "saturated": total_lag >= max_lag * len(live) if live else None,
         "gpu_utilization": _mean([hb.gpu_utilization for hb in live]),
         "cpu_utilization": _mean([hb.cpu_utilization for hb in live]),
-        "gpu_memory_pressure": _mean(list(pressure)),
+        "gpu_memory_pressure": fleet.memory_pressure(live),
         "p95_ms": _mean([hb.latency_p95_ms for hb in live]),
         "last_heartbeat_s": round(now - max(hb.ts for hb in beats), 1),
     }

@@ -22,6 +22,18 @@ def live_members(beats: Iterable[Heartbeat], now: float, timeout_s: float) -> li
     return [hb for hb in beats if is_live(hb, now, timeout_s)]
 
 
+def memory_pressure(live: Iterable[Heartbeat]) -> float | None:
+    """Mean share of GPU memory in use over the members that report it, or None."""
+    shares = [
+        hb.gpu_memory_used_bytes / (hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes)
+        for hb in live
+        if hb.gpu_memory_used_bytes is not None
+        and hb.gpu_memory_free_bytes is not None
+        and hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes > 0
+    ]
+    return sum(shares) / len(shares) if shares else None
+
+
 def group_health(live: int, members: int) -> Health:
     """A group with `live` of its `members` (stopped ones not counted) live."""
     if not live:

@@ -1,5 +1,6 @@
 """Reading a finished run back: its items from the stored dataset copy (`evalctl reproduce`,
-`evalctl regrade`, the aggregator's regrades), and the manifest of a regrade of it.
+`evalctl regrade`, `evalctl datasets`, the aggregator's regrades), and the manifest of a
+regrade of it.
 
 A regrade is a new run: the original's manifest with the grader replaced and a `regrade_of`
 section naming the original run, its manifest hash and grader (its grades depend on the
@@ -24,28 +25,31 @@ class StoredCopyError(Exception):
     """The run's dataset copy is gone, unreadable or not what the run read."""
 
 
-def stored_items(s3: Minio, req: Request) -> list[Item]:
-    """The run's items (gold answers, tests) from its content-addressed dataset copy,
-    checked against the content hash its manifest recorded. Blocking (S3)."""
+def stored_items(s3: Minio, uri: str, content_sha256: str) -> list[Item]:
+    """The items (gold answers, tests) of the content-addressed dataset copy at `uri`,
+    checked against the content hash a run or dataset version recorded. Blocking (S3)."""
     try:
-        bucket, key = storage.parse_s3_uri(req.dataset_uri)
+        bucket, key = storage.parse_s3_uri(uri)
         data = storage.get_bytes(s3, bucket, key)
     except ValueError as exc:
         raise StoredCopyError(f"dataset copy: {exc}") from exc
     except storage.S3Error as exc:
-        raise StoredCopyError(
-            f"the dataset copy {req.dataset_uri} is no longer available ({exc.code})"
-        ) from exc
+        raise StoredCopyError(f"the dataset copy {uri} is no longer available ({exc.code})") from exc
     try:
         loaded = load_dataset(data, "items.jsonl")
     except DatasetError as exc:
-        raise StoredCopyError(f"the dataset copy {req.dataset_uri} no longer reads: {exc}") from exc
-    if loaded.content_sha256 != req.content_sha256:
+        raise StoredCopyError(f"the dataset copy {uri} no longer reads: {exc}") from exc
+    if loaded.content_sha256 != content_sha256:
         raise StoredCopyError(
-            f"the dataset copy {req.dataset_uri} changed: content {loaded.content_sha256[:12]}, "
-            f"the run had {req.content_sha256[:12]}"
+            f"the dataset copy {uri} changed: content {loaded.content_sha256[:12]}, "
+            f"it was {content_sha256[:12]}"
         )
     return loaded.items
+
+
+def run_items(s3: Minio, req: Request) -> list[Item]:
+    """A run's items, from the dataset copy its manifest names (`req`). Blocking (S3)."""
+    return stored_items(s3, req.dataset_uri, req.content_sha256)
 
 
 def regraded_manifest(

@@ -44,7 +44,7 @@ from evalstream.common.messages import (
     Shard,
     StoredAnswer,
 )
-from evalstream.common.regrading import StoredCopyError, regraded_manifest, stored_items
+from evalstream.common.regrading import StoredCopyError, regraded_manifest, run_items
 
 log = logging.getLogger("evalstream.aggregator.regrade")
 
@@ -186,7 +186,7 @@ async def regrade_run(
     assert original is not None
     manifest = json.loads(original["manifest"])
     try:
-        items = {i.id: i for i in await asyncio.to_thread(stored_items, s3, request_from_manifest(manifest))}
+        items = {i.id: i for i in await asyncio.to_thread(run_items, s3, request_from_manifest(manifest))}
     except StoredCopyError as exc:
         await reject(store, request, [str(exc)])
         return

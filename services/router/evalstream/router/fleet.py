@@ -64,13 +64,6 @@ class Group:
             for hb in live
             if (u := hb.gpu_utilization if hb.gpu_utilization is not None else hb.cpu_utilization) is not None
         ]
-        pressure = [
-            hb.gpu_memory_used_bytes / (hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes)
-            for hb in live
-            if hb.gpu_memory_used_bytes is not None
-            and hb.gpu_memory_free_bytes is not None
-            and hb.gpu_memory_used_bytes + hb.gpu_memory_free_bytes > 0
-        ]
         return GroupView(
             name=self.name,
             members=len(live),
@@ -78,7 +71,7 @@ class Group:
             capacity=max_lag * len(live),
             p95_ms=sum(hb.latency_p95_ms for hb in live) / len(live) if live else 0.0,
             utilization=sum(util) / len(util) if util else None,
-            memory_pressure=sum(pressure) / len(pressure) if pressure else None,
+            memory_pressure=fleet.memory_pressure(live),
             drain_rate=self.drain_rate,
         )
 
