@@ -115,26 +115,24 @@ class _CpuSampler:
         return min(1.0, max(0.0, busy_delta / total_delta))
 
 
-def _meminfo_available() -> int | None:
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A "Field:   1234 kB" line of a /proc file, in bytes (None where there is none)."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _meminfo_available() -> int | None:
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 def _process_rss() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return _proc_bytes("/proc/self/status", "VmRSS")
 
 
 _nvml: _Nvml | None = None
