@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -35,6 +37,44 @@ def stack_cmd(*args: str, env: dict[str, str] | None = None) -> None:
 
 
 PROMETHEUS_URL = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
+
+
+# --------------------------------------------------------------------------- hosts (stack.py up --hosts N)
+
+
+def stack_hosts(at_least: int) -> dict[str, Any]:
+    """The stack's hosts' network as `stack.py up --hosts N` described it (hosts.json):
+    addresses, namespaces, links, worker groups, the fault proxy. Fails, with the command to
+    run, on a stack with fewer than `at_least` hosts."""
+    path = STACK / "hosts.json"
+    described = json.loads(path.read_text()) if path.exists() else {"machines": []}
+    if len(described["machines"]) < at_least:
+        raise AssertionError(
+            f"this test needs a stack with at least {at_least} hosts; it has {len(described['machines'])}:"
+            f" run `ops/local/stack.py up --hosts {at_least}` (make up HOSTS={at_least})"
+        )
+    return described
+
+
+def host_env(host: str, via_proxy: bool = False) -> dict[str, str]:
+    """The environment a process on `host` gets (`stack.py env --host`): the stack's settings
+    and credentials with every endpoint on the hosts' network (Kafka via the fault proxy)."""
+    args = [sys.executable, "ops/local/stack.py", "env", "--host", host, *(["--via-proxy"] if via_proxy else [])]
+    out = subprocess.run(args, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    env = {}
+    for line in out.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = shlex.split(value)[0] if value else ""
+    return env
+
+
+def netns_of(pid: int) -> int:
+    """The inode of a process's network namespace (equal inodes: the same network)."""
+    return os.stat(f"/proc/{pid}/ns/net").st_ino
+
+
+def netns_inode(name: str) -> int:
+    return os.stat(f"/run/netns/{name}").st_ino
 
 
 async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -93,17 +133,23 @@ def upload_dataset(settings: Settings, path: Path) -> str:
 
 
 class ServiceProcess:
-    """A service started by a test, with its own log; stopped (SIGTERM) at teardown."""
+    """A service started by a test, with its own log; stopped (SIGTERM) at teardown. With
+    `netns`, it runs in that network namespace (a host of `stack.py up --hosts`) and is
+    reached at `address`."""
 
-    def __init__(self, module: str, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, module: str, env: dict[str, str], log: Path, netns: str | None = None, address: str = "127.0.0.1"
+    ) -> None:
         self.module, self.env, self.log = module, env, log
+        self.netns, self.address = netns, address
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServiceProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("ab")
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: same pid
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module],
+            [*inside, sys.executable, "-m", self.module],
             env={**os.environ, **self.env},
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -123,7 +169,7 @@ class ServiceProcess:
                     + self.log.read_text()[-3000:]
                 )
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                with urllib.request.urlopen(f"http://{self.address}:{port}/readyz", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:

@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """The evalstream topology as local processes, for machines without a Docker engine.
 
-    python ops/local/stack.py up [--workers N] [--infra-only]   install on first use, start, wait healthy
-    python ops/local/stack.py ps | down | clean | logs NAME
+    python ops/local/stack.py up [--workers N] [--hosts N] [--infra-only]   install on first use, start, wait healthy
+    python ops/local/stack.py ps | hosts | down | clean | env [--host NAME [--via-proxy]]
+    python ops/local/stack.py link HOST up|down       a host's network link (down: a partition)
+
+--hosts N rehearses a cluster on this machine: N network namespaces ("hosts", each a worker
+group of --workers workers) on a private network of their own, reaching Kafka, PostgreSQL
+and S3 at the infrastructure's address over veth links (localstack/hosts.py).
 
 Installs are cached under $EVALSTREAM_CACHE (default ~/.cache/evalstream); data, pid files
 and logs live in one folder, $EVALSTREAM_STACK (default <repo>/.stack). `up` starts only
@@ -15,14 +20,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "libs" / "common"), str(Path(__file__).resolve().parent)]
+from localstack import hosts  # noqa: E402
 from localstack.config import (  # noqa: E402
+    KAFKA_HOSTS_PORT,
     KAFKA_PORT,
     PG_PORT,
     PORTS,
@@ -35,7 +44,13 @@ from localstack.config import (  # noqa: E402
     log,
     run,
 )
-from localstack.installs import install_apt, kafka_libs, kafka_tools_libs, weed_binary  # noqa: E402
+from localstack.installs import (  # noqa: E402
+    install_apt,
+    kafka_libs,
+    kafka_tools_libs,
+    toxiproxy_binary,
+    weed_binary,
+)
 from localstack.kafka import kafka_argv, kafka_healthy, kafka_prepare  # noqa: E402
 from localstack.postgres import Postgres  # noqa: E402
 from localstack.proc import Proc  # noqa: E402
@@ -45,7 +60,20 @@ from localstack.prometheus import (  # noqa: E402
     worker_ports,
     write_worker_targets,
 )
-from localstack.seaweed import weed_argv, weed_healthy, weed_prepare  # noqa: E402
+from localstack.seaweed import (  # noqa: E402
+    weed_argv,
+    weed_healthy,
+    weed_hosts_argv,
+    weed_hosts_healthy,
+    weed_prepare,
+)
+from localstack.toxiproxy import (  # noqa: E402
+    proxied_kafka_bootstrap,
+    toxiproxy_argv,
+    toxiproxy_healthy,
+    toxiproxy_prepare,
+    toxiproxy_url,
+)
 
 # What other tools read from this module (tests/unit/test_compose.py, bench/).
 __all__ = ["KAFKA_PORT", "PG_PORT", "PROM_PORT", "S3_PORT", "client_env", "main", "worker_ports"]
@@ -54,14 +82,76 @@ __all__ = ["KAFKA_PORT", "PG_PORT", "PROM_PORT", "S3_PORT", "client_env", "main"
 # --------------------------------------------------------------------------- services
 
 
-def service(name: str, port: int, extra_env: dict[str, str] | None = None) -> Proc:
+def service(
+    name: str, port: int, extra_env: dict[str, str] | None = None, host: hosts.Host | None = None
+) -> Proc:
+    """A service process; with `host`, inside that host's network namespace, listening on
+    the host's address and reaching the infrastructure at its address on the hosts' network."""
+    kind = next(k for k in ("producer", "router", "aggregator", "worker") if k in name.split("-"))
+    program = str(ROOT / ".venv/bin" / f"evalstream-{kind}")
+    address = host.address if host else "127.0.0.1"
+    env = {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env()}
+    if host:
+        env |= {"HTTP_HOST": host.address, **host_client_env()}
     return Proc(
         name=name,
-        argv=lambda: [str(ROOT / ".venv/bin" / f"evalstream-{name.split('-')[0]}")],
-        healthy=lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
+        argv=lambda: host.exec_argv([program]) if host else [program],
+        healthy=lambda: http_ok(f"http://{address}:{port}/healthz"),
         timeout=180,
-        env={"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env(), **(extra_env or {})},
+        env={**env, **(extra_env or {})},
     )
+
+
+def host_client_env(via_proxy: bool = False) -> dict[str, str]:
+    """client_env() as a host sees it: the same settings and credentials, with every endpoint
+    at the infrastructure's address on the hosts' network (Kafka: its HOSTS listener, or the
+    fault proxy in front of its PROXIED listener)."""
+    env = client_env()
+    gateway = hosts.gateway()
+
+    def moved(url: str) -> str:
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@" if userinfo else ""
+        return urlunsplit(parts._replace(netloc=f"{netloc}{gateway}:{parts.port}"))
+
+    env["KAFKA_BOOTSTRAP"] = proxied_kafka_bootstrap() if via_proxy else f"{gateway}:{KAFKA_HOSTS_PORT}"
+    env["DATABASE_URL"] = moved(env["DATABASE_URL"])
+    env["S3_ENDPOINT"] = moved(env["S3_ENDPOINT"])
+    env.pop("PROMETHEUS_URL", None)  # on the infrastructure's loopback only
+    return env
+
+
+def host_workers(n_hosts: int, workers: int) -> list[Proc]:
+    """`workers` workers on each host, a worker group per host (hostN)."""
+    return [
+        service(
+            f"{h.name}-worker-{j}",
+            PORTS["worker"] + j,
+            {"WORKER_GROUP": h.group, "WORKER_ID": f"{h.name}-worker-{j}"},
+            host=h,
+        )
+        for h in hosts.hosts(n_hosts)
+        for j in range(workers)
+    ]
+
+
+def running_host_workers() -> list[Proc]:
+    out = []
+    for p in sorted((STACK / "run").glob("host*-worker-*.pid")):
+        host_name, _, j = p.stem.partition("-worker-")
+        if host_name.removeprefix("host").isdigit() and j.isdigit():
+            host = hosts.Host(int(host_name.removeprefix("host")))
+            out.append(service(p.stem, PORTS["worker"] + int(j), host=host))
+    return out
+
+
+def host_infra() -> list[Proc]:
+    """What the hosts' network adds on the infrastructure's side."""
+    return [
+        Proc("s3-hosts", weed_hosts_argv, weed_hosts_healthy, timeout=60),
+        Proc("toxiproxy", toxiproxy_argv, toxiproxy_healthy, timeout=30, prepare=toxiproxy_prepare),
+    ]
 
 
 def services(workers: int) -> list[Proc]:
@@ -89,44 +179,109 @@ def bootstrap() -> None:
     run([str(VENV_PY), "-m", "evalstream.common.bootstrap"], cwd=ROOT, env={**os.environ, **client_env()})
 
 
-def up(workers: int, infra_only: bool) -> None:
+def set_hosts(n_hosts: int) -> None:
+    """Records the stack's host count. Kafka and PostgreSQL listen on the hosts' network only
+    while it exists: crossing between none and some restarts those that run (their data
+    stays); the network is made before they start and removed after they stop."""
+    before = hosts.configured()
+    for p in running_host_workers():  # on hosts that are going away
+        if int(p.name.partition("-")[0].removeprefix("host")) > n_hosts:
+            p.stop()
+    if n_hosts > 0:
+        toxiproxy_binary()
+        hosts.create(n_hosts)
+    if (before > 0) != (n_hosts > 0):
+        moving = [p for p in infra() if p.name != "s3" and p.pid() is not None]
+        for p in [*running_host_workers(), *host_infra(), *moving]:
+            p.stop()
+        hosts.save(n_hosts, {})
+        if moving:
+            log(f"restarted {', '.join(p.name for p in moving)} to {'join' if n_hosts else 'leave'} the hosts' network")
+    if n_hosts == 0:
+        hosts.destroy()
+    hosts.save(n_hosts, {})
+
+
+def describe_hosts(n_hosts: int, workers: int) -> dict[str, object]:
+    """hosts.json: the topology tests and operators read (`stack.py hosts`); no secrets."""
+    return {
+        "network": str(hosts.subnet()),
+        "bridge": hosts.bridge(),
+        "infrastructure": hosts.gateway(),
+        "kafka_bootstrap": host_client_env()["KAFKA_BOOTSTRAP"] if n_hosts else None,
+        "kafka_bootstrap_proxied": proxied_kafka_bootstrap() if n_hosts else None,
+        "toxiproxy": toxiproxy_url() if n_hosts else None,
+        "machines": [
+            {
+                "name": h.name,
+                "netns": h.netns,
+                "veth": h.veth,
+                "address": h.address,
+                "group": h.group,
+                "workers": [f"{h.name}-worker-{j}" for j in range(workers)],
+            }
+            for h in hosts.hosts(n_hosts)
+        ],
+    }
+
+
+def worker_targets(workers: int, n_hosts: int) -> list[str]:
+    if n_hosts:
+        return [f"{h.address}:{PORTS['worker'] + j}" for h in hosts.hosts(n_hosts) for j in range(workers)]
+    return [f"127.0.0.1:{p}" for p in worker_ports(workers)]
+
+
+def up(workers: int, infra_only: bool, n_hosts: int | None = None) -> None:
     t0 = time.monotonic()
     install_apt()
     kafka_libs()
     weed_binary()
     STACK.mkdir(parents=True, exist_ok=True)
+    n_hosts = hosts.configured() if n_hosts is None else n_hosts
+    set_hosts(n_hosts)
     procs = infra()
+    targets = worker_targets(workers, n_hosts)
     prometheus = Proc(
         "prometheus",
         prometheus_argv,
         lambda: http_ok(f"http://127.0.0.1:{PROM_PORT}/-/ready"),
         timeout=60,
-        prepare=lambda: prometheus_prepare(workers),
+        prepare=lambda: prometheus_prepare(targets),
     )
     started = [p.name for p in procs if p.start()]
     for p in procs:
         p.wait_healthy()
     bootstrap()
+    if n_hosts:
+        extra = host_infra()
+        started += [p.name for p in extra if p.start()]
+        for p in extra:
+            p.wait_healthy()
     if prometheus.start():
         started.append("prometheus")
     else:
-        write_worker_targets(workers)
+        write_worker_targets(targets)
     prometheus.wait_healthy()
     if not infra_only:
-        svcs = services(workers)
+        # With hosts, every worker runs on a host: none on the infrastructure's machine.
+        svcs = services(0 if n_hosts else workers) + host_workers(n_hosts, workers)
         # Scale down: workers beyond the requested count are stopped (they drain first).
-        for extra in running_workers()[workers:]:
-            extra.stop()
+        wanted = {p.name for p in svcs}
+        for extra_worker in [*running_workers(), *running_host_workers()]:
+            if extra_worker.name not in wanted:
+                extra_worker.stop()
         started += [p.name for p in svcs if p.start()]
         for p in svcs:
             p.wait_healthy()
+    hosts.save(n_hosts, describe_hosts(n_hosts, workers))
     what = ", ".join(started) if started else "nothing (all running)"
-    log(f"up in {time.monotonic() - t0:.1f}s; started: {what}; stack folder: {STACK}")
+    where = f"; {n_hosts} hosts on {hosts.subnet()}" if n_hosts else ""
+    log(f"up in {time.monotonic() - t0:.1f}s; started: {what}; stack folder: {STACK}{where}")
 
 
 def all_procs() -> list[Proc]:
     prometheus = Proc("prometheus", prometheus_argv, lambda: True)
-    return [*running_workers(), *services(0), prometheus, *infra()]
+    return [*running_host_workers(), *running_workers(), *services(0), prometheus, *host_infra(), *infra()]
 
 
 def ps() -> None:
@@ -142,6 +297,21 @@ def down() -> None:
         if p.pid() is not None:
             log(f"stopping {p.name}")
         p.stop()
+    hosts.destroy()  # every namespace, link and address; `up` makes them again
+
+
+def show_hosts() -> None:
+    n = hosts.configured()
+    if not n:
+        print("no hosts (stack.py up --hosts N)")
+        return
+    print(f"network {hosts.subnet()}, infrastructure at {hosts.gateway()} (bridge {hosts.bridge()})")
+    for h in hosts.hosts(n):
+        try:
+            link = "up" if hosts.link_up(h) else "DOWN (partitioned)"
+        except Exception:
+            link = "absent"
+        print(f"{h.name:<8} {h.address:<15} netns {h.netns:<26} link {h.veth} {link}")
 
 
 def clean() -> None:
@@ -156,8 +326,21 @@ def main() -> None:
     p_up = sub.add_parser("up", help="install on first use, start what is not running, wait until healthy")
     p_up.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "1")))
     p_up.add_argument("--infra-only", action="store_true", help="Kafka, PostgreSQL, S3 and Prometheus only")
+    p_up.add_argument(
+        "--hosts",
+        type=int,
+        default=int(os.environ["HOSTS"]) if os.environ.get("HOSTS") else None,
+        help="run the workers on N network-namespace hosts, --workers each, a worker group per host "
+        "(needs root); 0: back to one machine; default: as the stack was last brought up",
+    )
     sub.add_parser("ps", help="list the stack's processes")
-    sub.add_parser("env", help="print `export` lines that point clients (evalctl, tests) at this stack")
+    sub.add_parser("hosts", help="the stack's hosts: addresses, namespaces, links")
+    p_env = sub.add_parser("env", help="print `export` lines that point clients (evalctl, tests) at this stack")
+    p_env.add_argument("--host", help="as a process on this host (e.g. host1) sees the stack")
+    p_env.add_argument("--via-proxy", action="store_true", help="with --host: Kafka through the fault proxy")
+    p_link = sub.add_parser("link", help="take a host's network link down (a partition) or up (healed)")
+    p_link.add_argument("host", help="e.g. host1")
+    p_link.add_argument("state", choices=["up", "down"])
     sub.add_parser(
         "kafka-tools-classpath", help="the classpath of Kafka's command-line tools (fetched on first use)"
     )
@@ -167,11 +350,21 @@ def main() -> None:
     p_stop.add_argument("name")
     args = ap.parse_args()
     if args.cmd == "up":
-        up(args.workers, args.infra_only)
+        if args.hosts is not None and args.hosts < 0:
+            ap.error("--hosts must be 0 or more")
+        up(args.workers, args.infra_only, args.hosts)
     elif args.cmd == "ps":
         ps()
+    elif args.cmd == "hosts":
+        show_hosts()
     elif args.cmd == "env":
-        print("\n".join(f"export {k}={v}" for k, v in client_env().items()))
+        env = client_env()
+        if args.host:
+            named_host(args.host)
+            env = host_client_env(args.via_proxy)
+        print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))
+    elif args.cmd == "link":
+        hosts.set_link(named_host(args.host), args.state == "up")
     elif args.cmd == "kafka-tools-classpath":
         with contextlib.redirect_stdout(sys.stderr):
             libs = kafka_tools_libs()
@@ -184,6 +377,14 @@ def main() -> None:
         for p in all_procs():
             if p.name == args.name:
                 p.stop()
+
+
+def named_host(name: str) -> hosts.Host:
+    n = hosts.configured()
+    for h in hosts.hosts(n):
+        if h.name == name:
+            return h
+    raise SystemExit(f"[stack] no host {name!r}: this stack has {n} host(s) (stack.py up --hosts N)")
 
 
 if __name__ == "__main__":

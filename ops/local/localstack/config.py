@@ -31,6 +31,11 @@ KAFKA_PORT, KAFKA_CONTROLLER_PORT = 9092 + OFFSET, 9093 + OFFSET
 PG_PORT, S3_PORT, PROM_PORT = 5432 + OFFSET, 8333 + OFFSET, 9090 + OFFSET
 WEED_PORTS = {"master": 9333 + OFFSET, "volume": 8380 + OFFSET, "filer": 8888 + OFFSET}
 PORTS = {name: port + OFFSET for name, port in SERVICE_PORTS.items()}
+# The hosts' network (`up --hosts N`, localstack/hosts.py): Kafka's listener for the hosts,
+# its listener behind the fault proxy, the proxy's address for it, and the proxy's API.
+KAFKA_HOSTS_PORT, KAFKA_PROXIED_PORT = 9094 + OFFSET, 9096 + OFFSET
+PROXY_KAFKA_PORT, TOXIPROXY_PORT = 9095 + OFFSET, 8474 + OFFSET
+TOXIPROXY_VERSION = "v2.5.0"
 
 
 def client_env() -> dict[str, str]:

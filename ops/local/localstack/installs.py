@@ -1,5 +1,5 @@
 """What the stack installs on first use, cached under $EVALSTREAM_CACHE: Debian packages,
-Kafka's jars from Maven Central, a SeaweedFS build."""
+Kafka's jars from Maven Central, a SeaweedFS build, Toxiproxy (for `--hosts`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localstack.config import CACHE, KAFKA_VERSION, ROOT, SEAWEEDFS_VERSION, log, run
+from localstack.config import CACHE, KAFKA_VERSION, ROOT, SEAWEEDFS_VERSION, TOXIPROXY_VERSION, log, run
 
 
 def pg_bin() -> Path:
@@ -171,3 +171,8 @@ def _go_build(name: str, package: str, version: str, in_module: str | None, bina
         shutil.rmtree(src, ignore_errors=True)
     shutil.rmtree(binary.parent, ignore_errors=True)
     tmp.rename(binary.parent)
+
+
+def toxiproxy_binary() -> Path:
+    """Toxiproxy's server, the fault proxy between a host and the broker (`up --hosts N`)."""
+    return go_tool("toxiproxy-server", "github.com/Shopify/toxiproxy/v2/cmd/server", TOXIPROXY_VERSION)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from localstack import hosts
 from localstack.config import PG_PORT, STACK, run, wait_for
 from localstack.installs import pg_bin
 from localstack.proc import Proc
@@ -65,7 +66,12 @@ class Postgres(Proc):
             )
         self.logfile.touch()
         shutil.chown(self.logfile, "postgres", "postgres")
-        # Loopback only; fsync stays on (durability is what the tests check).
+        listen = "127.0.0.1"
+        allow_hosts_network(self.data / "pg_hba.conf")
+        if hosts.configured():
+            listen += f",{hosts.gateway()}"
+        # Loopback (and the hosts' network with --hosts); fsync stays on (durability is what
+        # the tests check).
         pg_run(
             str(pg_bin() / "pg_ctl"),
             "-D",
@@ -76,7 +82,7 @@ class Postgres(Proc):
             "-t",
             "60",
             "-o",
-            f"-c listen_addresses=127.0.0.1 -p {PG_PORT} -k {self.data} -c max_connections=200",
+            f"-c listen_addresses={listen} -p {PG_PORT} -k {self.data} -c max_connections=200",
             "start",
             stdout=subprocess.DEVNULL,
         )
@@ -113,3 +119,20 @@ class Postgres(Proc):
                 "stop",
                 stdout=subprocess.DEVNULL,
             )
+
+
+HOSTS_TAG = "# evalstream: the hosts' network (stack.py up --hosts)"
+
+
+def allow_hosts_network(hba: Path) -> None:
+    """With hosts, every rule for loopback clients also admits the hosts' network, with the
+    same method (whatever authentication the loopback rules ask for); without, no such rule."""
+    lines = [ln for ln in hba.read_text().splitlines() if not ln.endswith(HOSTS_TAG)]
+    if hosts.configured():
+        net = str(hosts.subnet())
+        lines += [
+            f"{ln.replace('127.0.0.1/32', net)}  {HOSTS_TAG}"
+            for ln in lines
+            if ln.split()[:1] in (["host"], ["hostssl"], ["hostnossl"]) and "127.0.0.1/32" in ln.split()
+        ]
+    hba.write_text("\n".join(lines) + "\n")

@@ -12,7 +12,7 @@ def worker_ports(n: int) -> list[int]:
     return [PORTS["worker"] + i for i in range(n)]
 
 
-def prometheus_prepare(workers: int) -> None:
+def prometheus_prepare(worker_targets: list[str]) -> None:
     d = STACK / "prometheus"
     (d / "data").mkdir(parents=True, exist_ok=True)
     src = (ROOT / "ops/prometheus/prometheus.local.yml").read_text()
@@ -21,18 +21,17 @@ def prometheus_prepare(workers: int) -> None:
         src = src.replace(f"127.0.0.1:{port}", f"127.0.0.1:{PORTS[name]}")
     src = src.replace("127.0.0.1:9090", f"127.0.0.1:{PROM_PORT}")
     (d / "prometheus.yml").write_text(src)
-    write_worker_targets(workers)
+    write_worker_targets(worker_targets)
     spawned = d / "spawned.json"  # targets tests add for the services they start
     if not spawned.exists():
         spawned.write_text("[]")
 
 
-def write_worker_targets(workers: int) -> None:
+def write_worker_targets(worker_targets: list[str]) -> None:
+    """The workers' host:port (on loopback, or on their hosts with `up --hosts`)."""
     d = STACK / "prometheus"
     d.mkdir(parents=True, exist_ok=True)
-    targets = [
-        {"targets": [f"127.0.0.1:{p}" for p in worker_ports(workers)], "labels": {"service": "worker"}}
-    ]
+    targets = [{"targets": worker_targets, "labels": {"service": "worker"}}]
     tmp = d / "workers.json.tmp"
     tmp.write_text(json.dumps(targets))
     tmp.replace(d / "workers.json")

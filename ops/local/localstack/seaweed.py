@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 from evalstream.common.settings import S3Settings
+from localstack import hosts
 from localstack.config import S3_PORT, STACK, WEED_PORTS
 from localstack.installs import weed_binary
 
@@ -65,6 +66,38 @@ def weed_healthy() -> bool:
         urllib.request.urlopen(f"http://127.0.0.1:{S3_PORT}/", timeout=2)
     except urllib.error.HTTPError:
         return True  # 403 without credentials: the gateway answers
+    except (urllib.error.URLError, OSError):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- the hosts' gateway
+
+
+def weed_hosts_argv() -> list[str]:
+    """A second S3 gateway of the same store, on the hosts' network (`up --hosts N`): hosts
+    reach S3 at the infrastructure's address as other machines would, while loopback
+    clients keep theirs. It reads and writes through the filer, as every gateway does (S3
+    clients never talk to a volume server, so no volume URL needs to be reachable)."""
+    d = STACK / "s3"
+    filer = f"127.0.0.1:{WEED_PORTS['filer']}.{WEED_PORTS['filer'] + GRPC_SHIFT}"  # host:port.grpcPort
+    return [
+        str(weed_binary()),
+        "s3",
+        f"-filer={filer}",
+        f"-ip.bind={hosts.gateway()}",
+        f"-port={S3_PORT}",
+        f"-port.grpc={S3_PORT + GRPC_SHIFT}",
+        "-port.iceberg=0",
+        f"-config={d / 's3.json'}",
+    ]
+
+
+def weed_hosts_healthy() -> bool:
+    try:
+        urllib.request.urlopen(f"http://{hosts.gateway()}:{S3_PORT}/", timeout=2)
+    except urllib.error.HTTPError:
+        return True
     except (urllib.error.URLError, OSError):
         return False
     return True
