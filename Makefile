@@ -15,6 +15,7 @@ help:
 	@echo "make test-faults the fault-injection scenarios at full size (long)"
 	@echo "make bench       benchmarks, JSON into bench/results/"
 	@echo "make up|down|ps|clean   the local stack (WORKERS=n make up for n workers); folder: $(STACK)"
+	@echo "make up HOSTS=n  the workers on n network-namespace hosts, a worker group each (root; HOSTS=0: back)"
 	@echo "make lint        ruff + mypy"
 
 # The virtual environment lives in a cache keyed by requirements.lock; .venv links to it.
@@ -22,7 +23,7 @@ venv:
 	@bash ops/local/venv.sh >/dev/null
 
 up: venv
-	@$(PY) ops/local/stack.py up --workers $(WORKERS)
+	@$(PY) ops/local/stack.py up --workers $(WORKERS) $(if $(HOSTS),--hosts $(HOSTS))
 
 up-infra: venv
 	@$(PY) ops/local/stack.py up --infra-only
@@ -44,7 +45,7 @@ demo: up
 # (FAULTS_CI_SCALE) on the fault stack, which is brought up for it and down after it.
 FAULTS_CI_SCALE ?= 0.2
 test: up
-	@$(PY) -m pytest -m "not slow and not faults" $(PYTEST_ARGS)
+	@$(PY) -m pytest -m "not slow and not faults and not hosts" $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-faults FAULTS_SCALE=$(FAULTS_CI_SCALE); rc=$$?; \
 	  $(MAKE) --no-print-directory down-faults; exit $$rc
 
@@ -54,12 +55,13 @@ test-unit: venv
 # The fault suite kills brokers and databases: it gets a stack of its own, every port shifted
 # by 2000, data in .stack-faults/, so the development stack is never disturbed.
 # FAULTS_SCALE sizes the scenarios' runs (1: full size, results in bench/results/faults.json).
+# It has three hosts (network namespaces, as root): the host faults and the 3-host e2e run.
 FAULTS_SCALE ?= 1
 FAULTS_ENV := EVALSTREAM_PORT_OFFSET=2000 EVALSTREAM_STACK=$(CURDIR)/.stack-faults WORKER_MODEL=null,replay:* \
   FAULTS_SCALE=$(FAULTS_SCALE)
 test-faults: venv
-	@env $(FAULTS_ENV) $(PY) ops/local/stack.py up --workers 1
-	@env $(FAULTS_ENV) bash -c 'eval "$$($(PY) ops/local/stack.py env)" && $(PY) -m pytest -m faults $(PYTEST_ARGS)'
+	@env $(FAULTS_ENV) $(PY) ops/local/stack.py up --workers 1 --hosts 3
+	@env $(FAULTS_ENV) bash -c 'eval "$$($(PY) ops/local/stack.py env)" && $(PY) -m pytest -m "faults or hosts" $(PYTEST_ARGS)'
 
 down-faults:
 	@env $(FAULTS_ENV) python3 ops/local/stack.py down

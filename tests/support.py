@@ -59,7 +59,14 @@ def stack_hosts(at_least: int) -> dict[str, Any]:
 def host_env(host: str, via_proxy: bool = False) -> dict[str, str]:
     """The environment a process on `host` gets (`stack.py env --host`): the stack's settings
     and credentials with every endpoint on the hosts' network (Kafka via the fault proxy)."""
-    args = [sys.executable, "ops/local/stack.py", "env", "--host", host, *(["--via-proxy"] if via_proxy else [])]
+    args = [
+        sys.executable,
+        "ops/local/stack.py",
+        "env",
+        "--host",
+        host,
+        *(["--via-proxy"] if via_proxy else []),
+    ]
     out = subprocess.run(args, cwd=ROOT, check=True, capture_output=True, text=True).stdout
     env = {}
     for line in out.splitlines():
@@ -138,7 +145,12 @@ class ServiceProcess:
     reached at `address`."""
 
     def __init__(
-        self, module: str, env: dict[str, str], log: Path, netns: str | None = None, address: str = "127.0.0.1"
+        self,
+        module: str,
+        env: dict[str, str],
+        log: Path,
+        netns: str | None = None,
+        address: str = "127.0.0.1",
     ) -> None:
         self.module, self.env, self.log = module, env, log
         self.netns, self.address = netns, address

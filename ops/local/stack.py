@@ -150,7 +150,14 @@ def host_infra() -> list[Proc]:
     """What the hosts' network adds on the infrastructure's side."""
     return [
         Proc("s3-hosts", weed_hosts_argv, weed_hosts_healthy, timeout=60),
-        Proc("toxiproxy", toxiproxy_argv, toxiproxy_healthy, timeout=30, prepare=toxiproxy_prepare),
+        Proc(
+            "toxiproxy",
+            toxiproxy_argv,
+            toxiproxy_healthy,
+            timeout=30,
+            env={"LOG_LEVEL": "info"},  # its default logs every byte moved
+            prepare=toxiproxy_prepare,
+        ),
     ]
 
 
@@ -196,7 +203,9 @@ def set_hosts(n_hosts: int) -> None:
             p.stop()
         hosts.save(n_hosts, {})
         if moving:
-            log(f"restarted {', '.join(p.name for p in moving)} to {'join' if n_hosts else 'leave'} the hosts' network")
+            log(
+                f"restarted {', '.join(p.name for p in moving)} to {'join' if n_hosts else 'leave'} the hosts' network"
+            )
     if n_hosts == 0:
         hosts.destroy()
     hosts.save(n_hosts, {})
@@ -335,7 +344,9 @@ def main() -> None:
     )
     sub.add_parser("ps", help="list the stack's processes")
     sub.add_parser("hosts", help="the stack's hosts: addresses, namespaces, links")
-    p_env = sub.add_parser("env", help="print `export` lines that point clients (evalctl, tests) at this stack")
+    p_env = sub.add_parser(
+        "env", help="print `export` lines that point clients (evalctl, tests) at this stack"
+    )
     p_env.add_argument("--host", help="as a process on this host (e.g. host1) sees the stack")
     p_env.add_argument("--via-proxy", action="store_true", help="with --host: Kafka through the fault proxy")
     p_link = sub.add_parser("link", help="take a host's network link down (a partition) or up (healed)")

@@ -10,8 +10,8 @@ stack without them.
 from __future__ import annotations
 
 import asyncio
-import os
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -71,7 +71,9 @@ async def test_a_run_across_three_hosts(stack: Settings, pg: asyncpg.Connection,
     rows = arithmetic_items(n, prefix="hx")
     dataset = write_jsonl(tmp_path / "hosts.jsonl", rows)
     name = unique("hosts")
-    summary = await asyncio.to_thread(submit_wait, dataset, "--model", "null", "--shard-size", "10", "--name", name)
+    summary = await asyncio.to_thread(
+        submit_wait, dataset, "--model", "null", "--shard-size", "10", "--name", name
+    )
     run_id = summary["run_id"]
     assert summary["status"] == "completed" and summary["total"] == n, summary
 
