@@ -338,7 +338,7 @@ def main() -> None:
     p_up.add_argument(
         "--hosts",
         type=int,
-        default=int(os.environ["HOSTS"]) if os.environ.get("HOSTS") else None,
+        default=None,
         help="run the workers on N network-namespace hosts, --workers each, a worker group per host "
         "(needs root); 0: back to one machine; default: as the stack was last brought up",
     )

@@ -67,7 +67,7 @@ class Postgres(Proc):
         self.logfile.touch()
         shutil.chown(self.logfile, "postgres", "postgres")
         listen = "127.0.0.1"
-        allow_hosts_network(self.data / "pg_hba.conf")
+        allow_hosts_network(self.data / "pg_hba.conf", str(hosts.subnet()) if hosts.configured() else None)
         if hosts.configured():
             listen += f",{hosts.gateway()}"
         # Loopback (and the hosts' network with --hosts); fsync stays on (durability is what
@@ -124,12 +124,11 @@ class Postgres(Proc):
 HOSTS_TAG = "# evalstream: the hosts' network (stack.py up --hosts)"
 
 
-def allow_hosts_network(hba: Path) -> None:
-    """With hosts, every rule for loopback clients also admits the hosts' network, with the
-    same method (whatever authentication the loopback rules ask for); without, no such rule."""
+def allow_hosts_network(hba: Path, net: str | None) -> None:
+    """With the hosts' network `net`, every rule for loopback clients also admits it, with
+    the same method (whatever authentication the loopback rules ask for); without, none."""
     lines = [ln for ln in hba.read_text().splitlines() if not ln.endswith(HOSTS_TAG)]
-    if hosts.configured():
-        net = str(hosts.subnet())
+    if net:
         lines += [
             f"{ln.replace('127.0.0.1/32', net)}  {HOSTS_TAG}"
             for ln in lines
