@@ -161,8 +161,14 @@ def host_infra() -> list[Proc]:
     ]
 
 
-def services(workers: int) -> list[Proc]:
-    procs = [service(n, PORTS[n]) for n in ("producer", "router", "aggregator")]
+def services(workers: int, services_host: bool = False) -> list[Proc]:
+    """The producer, router and aggregator (the last two on host0 with --services-host) and
+    `workers` workers beside the infrastructure."""
+    procs = [service("producer", PORTS["producer"])]
+    procs += [
+        service(n, PORTS[n], host=hosts.SERVICES_HOST if services_host else None)
+        for n in ("router", "aggregator")
+    ]
     procs += [
         service(f"worker-{i}", p, {"WORKER_ID": f"worker-{i}"}) for i, p in enumerate(worker_ports(workers))
     ]
@@ -186,34 +192,43 @@ def bootstrap() -> None:
     run([str(VENV_PY), "-m", "evalstream.common.bootstrap"], cwd=ROOT, env={**os.environ, **client_env()})
 
 
-def set_hosts(n_hosts: int) -> None:
-    """Records the stack's host count. Kafka and PostgreSQL listen on the hosts' network only
+def set_hosts(n_hosts: int, services_host: bool) -> None:
+    """Records the stack's hosts. Kafka and PostgreSQL listen on the hosts' network only
     while it exists: crossing between none and some restarts those that run (their data
-    stays); the network is made before they start and removed after they stop."""
-    before = hosts.configured()
+    stays); the network is made before they start and removed after they stop. Moving the
+    router and aggregator (--services-host) restarts them and Prometheus, which scrapes them."""
+    before, services_before = hosts.configured(), hosts.services_host_configured()
+    services_host = services_host and n_hosts > 0
     for p in running_host_workers():  # on hosts that are going away
         if int(p.name.partition("-")[0].removeprefix("host")) > n_hosts:
             p.stop()
+    if services_host != services_before:
+        prometheus = Proc("prometheus", prometheus_argv, lambda: True)
+        for p in [*services(0, services_before)[1:], prometheus]:
+            p.stop()
     if n_hosts > 0:
         toxiproxy_binary()
-        hosts.create(n_hosts)
+        hosts.create(n_hosts, services_host)
     if (before > 0) != (n_hosts > 0):
         moving = [p for p in infra() if p.name != "s3" and p.pid() is not None]
         for p in [*running_host_workers(), *host_infra(), *moving]:
             p.stop()
-        hosts.save(n_hosts, {})
+        hosts.save(n_hosts, services_host, {})
         if moving:
-            log(
-                f"restarted {', '.join(p.name for p in moving)} to {'join' if n_hosts else 'leave'} the hosts' network"
-            )
+            joins = "join" if n_hosts else "leave"
+            log(f"restarted {', '.join(p.name for p in moving)} to {joins} the hosts' network")
     if n_hosts == 0:
         hosts.destroy()
-    hosts.save(n_hosts, {})
+    hosts.save(n_hosts, services_host, {})
 
 
-def describe_hosts(n_hosts: int, workers: int) -> dict[str, object]:
+def describe_hosts(n_hosts: int, workers: int, services_host: bool) -> dict[str, object]:
     """hosts.json: the topology tests and operators read (`stack.py hosts`); no secrets."""
+    on_host0 = hosts.SERVICES_HOST
     return {
+        "services": {"netns": on_host0.netns, "address": on_host0.address, "runs": ["router", "aggregator"]}
+        if services_host
+        else None,
         "network": str(hosts.subnet()),
         "bridge": hosts.bridge(),
         "infrastructure": hosts.gateway(),
@@ -240,22 +255,26 @@ def worker_targets(workers: int, n_hosts: int) -> list[str]:
     return [f"127.0.0.1:{p}" for p in worker_ports(workers)]
 
 
-def up(workers: int, infra_only: bool, n_hosts: int | None = None) -> None:
+def up(workers: int, infra_only: bool, n_hosts: int | None = None, services_host: bool | None = None) -> None:
     t0 = time.monotonic()
     install_apt()
     kafka_libs()
     weed_binary()
     STACK.mkdir(parents=True, exist_ok=True)
     n_hosts = hosts.configured() if n_hosts is None else n_hosts
-    set_hosts(n_hosts)
+    if services_host is None:
+        services_host = hosts.services_host_configured()
+    services_host = services_host and n_hosts > 0
+    set_hosts(n_hosts, services_host)
     procs = infra()
     targets = worker_targets(workers, n_hosts)
+    moved = {n: hosts.SERVICES_HOST.address for n in ("router", "aggregator")} if services_host else {}
     prometheus = Proc(
         "prometheus",
         prometheus_argv,
         lambda: http_ok(f"http://127.0.0.1:{PROM_PORT}/-/ready"),
         timeout=60,
-        prepare=lambda: prometheus_prepare(targets),
+        prepare=lambda: prometheus_prepare(targets, moved),
     )
     started = [p.name for p in procs if p.start()]
     for p in procs:
@@ -273,7 +292,7 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None) -> None:
     prometheus.wait_healthy()
     if not infra_only:
         # With hosts, every worker runs on a host: none on the infrastructure's machine.
-        svcs = services(0 if n_hosts else workers) + host_workers(n_hosts, workers)
+        svcs = services(0 if n_hosts else workers, services_host) + host_workers(n_hosts, workers)
         # Scale down: workers beyond the requested count are stopped (they drain first).
         wanted = {p.name for p in svcs}
         for extra_worker in [*running_workers(), *running_host_workers()]:
@@ -282,7 +301,7 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None) -> None:
         started += [p.name for p in svcs if p.start()]
         for p in svcs:
             p.wait_healthy()
-    hosts.save(n_hosts, describe_hosts(n_hosts, workers))
+    hosts.save(n_hosts, services_host, describe_hosts(n_hosts, workers, services_host))
     what = ", ".join(started) if started else "nothing (all running)"
     where = f"; {n_hosts} hosts on {hosts.subnet()}" if n_hosts else ""
     log(f"up in {time.monotonic() - t0:.1f}s; started: {what}; stack folder: {STACK}{where}")
@@ -290,7 +309,14 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None) -> None:
 
 def all_procs() -> list[Proc]:
     prometheus = Proc("prometheus", prometheus_argv, lambda: True)
-    return [*running_host_workers(), *running_workers(), *services(0), prometheus, *host_infra(), *infra()]
+    return [
+        *running_host_workers(),
+        *running_workers(),
+        *services(0, hosts.services_host_configured()),
+        prometheus,
+        *host_infra(),
+        *infra(),
+    ]
 
 
 def ps() -> None:
@@ -315,7 +341,7 @@ def show_hosts() -> None:
         print("no hosts (stack.py up --hosts N)")
         return
     print(f"network {hosts.subnet()}, infrastructure at {hosts.gateway()} (bridge {hosts.bridge()})")
-    for h in hosts.hosts(n):
+    for h in all_hosts():
         try:
             link = "up" if hosts.link_up(h) else "DOWN (partitioned)"
         except Exception:
@@ -342,6 +368,13 @@ def main() -> None:
         help="run the workers on N network-namespace hosts, --workers each, a worker group per host "
         "(needs root); 0: back to one machine; default: as the stack was last brought up",
     )
+    p_up.add_argument(
+        "--services-host",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --hosts: the router and aggregator on a host of their own (host0); "
+        "default: as the stack was last brought up",
+    )
     sub.add_parser("ps", help="list the stack's processes")
     sub.add_parser("hosts", help="the stack's hosts: addresses, namespaces, links")
     p_env = sub.add_parser(
@@ -363,7 +396,7 @@ def main() -> None:
     if args.cmd == "up":
         if args.hosts is not None and args.hosts < 0:
             ap.error("--hosts must be 0 or more")
-        up(args.workers, args.infra_only, args.hosts)
+        up(args.workers, args.infra_only, args.hosts, args.services_host)
     elif args.cmd == "ps":
         ps()
     elif args.cmd == "hosts":
@@ -390,9 +423,14 @@ def main() -> None:
                 p.stop()
 
 
+def all_hosts() -> list[hosts.Host]:
+    services_host = [hosts.SERVICES_HOST] if hosts.services_host_configured() else []
+    return services_host + hosts.hosts(hosts.configured())
+
+
 def named_host(name: str) -> hosts.Host:
     n = hosts.configured()
-    for h in hosts.hosts(n):
+    for h in all_hosts():
         if h.name == name:
             return h
     raise SystemExit(f"[stack] no host {name!r}: this stack has {n} host(s) (stack.py up --hosts N)")

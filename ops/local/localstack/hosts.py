@@ -8,6 +8,10 @@ offset (EVALSTREAM_HOSTS_SUBNET overrides the whole /24), so that two stacks nev
 network, a bridge or a namespace name. A host has no default route: like a machine on an
 isolated network it reaches the infrastructure and the other hosts, nothing else.
 
+With `--services-host`, the router and the aggregator run on a host of their own, host0
+(.10), so that they too reach everything over the network (the producer stays beside the
+infrastructure: `evalctl submit` and the tests hand it datasets there).
+
 Taking a host's link down (`stack.py link hostN down`) partitions it from every service.
 `stack.py down` removes every namespace, link and address it created.
 """
@@ -81,18 +85,33 @@ def hosts(n: int) -> list[Host]:
     return [Host(i) for i in range(1, n + 1)]
 
 
-def configured() -> int:
-    """The number of hosts the stack was last brought up with (0: none)."""
+SERVICES_HOST = Host(0)  # the router's and the aggregator's, with --services-host
+
+
+def _state() -> dict[str, object]:
     try:
-        return int(json.loads(STATE.read_text())["hosts"])
-    except (OSError, ValueError, KeyError):
+        state = json.loads(STATE.read_text())
+        return state if isinstance(state, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def configured() -> int:
+    """The number of worker hosts the stack was last brought up with (0: none)."""
+    try:
+        return int(str(_state().get("hosts", 0)))
+    except ValueError:
         return 0
 
 
-def save(n: int, details: dict[str, object]) -> None:
+def services_host_configured() -> bool:
+    return configured() > 0 and bool(_state().get("services_host"))
+
+
+def save(n: int, services_host: bool, details: dict[str, object]) -> None:
     STACK.mkdir(parents=True, exist_ok=True)
     tmp = STATE.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"hosts": n, **details}, indent=2) + "\n")
+    tmp.write_text(json.dumps({"hosts": n, "services_host": services_host, **details}, indent=2) + "\n")
     tmp.replace(STATE)
 
 
@@ -124,9 +143,9 @@ def _check_free() -> None:
             continue
 
 
-def create(n: int) -> list[Host]:
-    """The bridge with the infrastructure's address, and hosts 1..n (idempotent); hosts
-    beyond n, left from an earlier `up`, are removed."""
+def create(n: int, services_host: bool = False) -> list[Host]:
+    """The bridge with the infrastructure's address, and hosts 1..n (and host0 for the
+    services), idempotent; other hosts, left from an earlier `up`, are removed."""
     if os.geteuid() != 0:
         raise SystemExit("[stack] --hosts needs root (network namespaces and veth links)")
     net = subnet()
@@ -136,7 +155,8 @@ def create(n: int) -> list[Host]:
         _ip("link", "add", bridge(), "type", "bridge")
         _ip("addr", "add", f"{gateway()}/{net.prefixlen}", "dev", bridge())
     _ip("link", "set", bridge(), "up")
-    for host in hosts(n):
+    wanted = ([SERVICES_HOST] if services_host else []) + hosts(n)
+    for host in wanted:
         if not _exists("netns", host.netns):
             _ip("netns", "add", host.netns)
         if not _exists("link", host.veth):
@@ -147,9 +167,9 @@ def create(n: int) -> list[Host]:
         _ip("-n", host.netns, "link", "set", "lo", "up")
         _ip("-n", host.netns, "link", "set", "eth0", "up")
     for extra in _existing_hosts():
-        if extra.index > n:
+        if extra not in wanted:
             remove_host(extra)
-    return hosts(n)
+    return wanted
 
 
 def _existing_hosts() -> list[Host]:

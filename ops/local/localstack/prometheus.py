@@ -12,13 +12,16 @@ def worker_ports(n: int) -> list[int]:
     return [PORTS["worker"] + i for i in range(n)]
 
 
-def prometheus_prepare(worker_targets: list[str]) -> None:
+def prometheus_prepare(worker_targets: list[str], addresses: dict[str, str] | None = None) -> None:
+    """Its configuration, for services on loopback or, named in `addresses`, elsewhere (the
+    router and aggregator on a host of their own)."""
     d = STACK / "prometheus"
     (d / "data").mkdir(parents=True, exist_ok=True)
     src = (ROOT / "ops/prometheus/prometheus.local.yml").read_text()
     src = src.replace("__STACK__", str(d)).replace("__ROOT__", str(ROOT))
     for name, port in SERVICE_PORTS.items():
-        src = src.replace(f"127.0.0.1:{port}", f"127.0.0.1:{PORTS[name]}")
+        address = (addresses or {}).get(name, "127.0.0.1")
+        src = src.replace(f"127.0.0.1:{port}", f"{address}:{PORTS[name]}")
     src = src.replace("127.0.0.1:9090", f"127.0.0.1:{PROM_PORT}")
     (d / "prometheus.yml").write_text(src)
     write_worker_targets(worker_targets)
