@@ -125,7 +125,10 @@ def add_host_listeners(properties: Path) -> None:
     props = {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in lines if "=" in ln)}
     controllers = set(props.get("controller.listener.names", "").split(","))
     listeners = [x.strip() for x in props["listeners"].split(",")]
-    client = next(x.split("://", 1)[0] for x in listeners if x.split("://", 1)[0] not in controllers)
+    # the main client listener: the one on the stack's Kafka port (else the first broker one)
+    brokers = [x.split("://", 1)[0] for x in listeners if x.split("://", 1)[0] not in controllers]
+    on_port = [x.split("://", 1)[0] for x in listeners if x.endswith(f":{KAFKA_PORT}")]
+    client = (on_port or brokers)[0]
     protocols = dict(p.split(":", 1) for p in props.get("listener.security.protocol.map", "").split(",") if p)
     protocol = protocols.get(client, client)  # without a map a listener is named by its protocol
     added = {
