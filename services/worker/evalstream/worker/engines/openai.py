@@ -39,6 +39,13 @@ How requests are paced:
   of successes. A `Retry-After` (or `retry-after-ms`) pauses every new request until then.
 * Token buckets for requests per second and per minute (bursts of at most one second's
   worth), reserving in arrival order.
+* The provider's own limits, learned from the `x-ratelimit-limit/remaining/reset-*` headers
+  of its answers (requests and tokens, as OpenAI, Azure, Groq and gateways send them): a
+  bucket per reported limit, its refill rate bracketed by the readings, requests paced at
+  the bracket's lower end once it is narrow, and the local balance never above what the
+  provider last reported less what was sent since (LearnedBucket). A 429 that such a bucket
+  explains re-syncs it instead of cutting the concurrency limit. No configuration needed:
+  a bare `openai:<model>@<url>` runs at the provider's limit with few 429s.
 * Retries with exponential backoff and jitter on 429, 408, 5xx, timeouts, connection errors
   and unreadable bodies; a 4xx such as 400/401/404 fails at once. After the last retry the
   item fails with TransientEngineError (the pipeline retries it later through eval.retry),
@@ -60,6 +67,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import math
 import random
 import re
 import threading
@@ -235,10 +243,13 @@ class TokenBucket:
         self.rate, self.capacity = rate, capacity
         self.tokens, self.updated = capacity, now
 
-    def reserve(self, now: float) -> float:
-        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate)
-        self.updated = now
-        self.tokens -= 1.0
+    def refill(self, now: float) -> None:
+        self.tokens = min(self.capacity, self.tokens + max(0.0, now - self.updated) * self.rate)
+        self.updated = max(self.updated, now)
+
+    def reserve(self, now: float, cost: float = 1.0) -> float:
+        self.refill(now)
+        self.tokens -= cost
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
@@ -247,6 +258,169 @@ def rate_buckets(rps: float, rpm: float, now: float) -> list[TokenBucket]:
     request), since providers commonly enforce per-minute limits over shorter windows."""
     per_second = [r for r in (rps, rpm / 60.0) if r > 0]
     return [TokenBucket(r, max(1.0, r), now) for r in per_second]
+
+
+_DURATION = re.compile(
+    r"(?:(?P<h>\d{1,6}(?:\.\d{1,6})?)h)?(?:(?P<m>\d{1,6}(?:\.\d{1,6})?)m(?!s))?"
+    r"(?:(?P<s>\d{1,9}(?:\.\d{1,9})?)s)?(?:(?P<ms>\d{1,9}(?:\.\d{1,9})?)ms)?"
+)
+_NUMBER = re.compile(r"\d{1,12}(?:\.\d{1,9})?")
+MAX_LEARNED_RATE = 1e7  # per second: anything larger is a misreading, not a limit
+MAX_LEARNED_LIMIT = 1e10
+MAX_LEARNED_BUCKETS = 4  # per unit: a server that reports a new limit each time cannot grow this
+
+
+def parse_duration(text: str) -> float | None:
+    """An `x-ratelimit-reset-*` value in seconds: OpenAI's `1s`, `6m0s`, `120ms`, `1h2m3.5s`,
+    or plain seconds (`0.25`). None when absent or unreadable."""
+    text = text.strip()[:40]
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    m = _DURATION.fullmatch(text)
+    if not text or m is None:
+        return None
+    parts = {k: float(v) for k, v in m.groupdict().items() if v is not None}
+    return parts.get("h", 0) * 3600 + parts.get("m", 0) * 60 + parts.get("s", 0) + parts.get("ms", 0) / 1000
+
+
+@dataclass(frozen=True)
+class LimitReading:
+    """One bucket as the provider reported it with an answer: `x-ratelimit-limit-<unit>`,
+    `-remaining-<unit>` (what was left after this request) and `-reset-<unit>` (seconds until
+    the bucket is full again)."""
+
+    unit: str  # "requests" or "tokens"
+    limit: float
+    remaining: float
+    reset_s: float
+
+
+def rate_limit_readings(headers: Mapping[str, str]) -> list[LimitReading]:
+    """The `x-ratelimit-*` buckets in a response's headers (OpenAI's names, also sent by
+    vLLM gateways, Azure, Groq, Together...); unreadable or implausible ones are left out."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    out: list[LimitReading] = []
+    for unit in ("requests", "tokens"):
+        limit, remaining = (
+            lowered.get(f"x-ratelimit-{w}-{unit}", "").strip() for w in ("limit", "remaining")
+        )
+        reset = parse_duration(lowered.get(f"x-ratelimit-reset-{unit}", ""))
+        if not (_NUMBER.fullmatch(limit) and _NUMBER.fullmatch(remaining)) or reset is None:
+            continue
+        lim, rem = float(limit), float(remaining)
+        if 1 <= lim <= MAX_LEARNED_LIMIT and 0 <= rem <= lim:
+            out.append(LimitReading(unit, lim, rem, reset))
+    return out
+
+
+class LearnedBucket:
+    """A provider's bucket as inferred from its headers, to pace requests below it without
+    being told the limit.
+
+    The refill rate is bracketed by every reading: the provider reports `remaining` as a
+    whole number (the level was in [remaining, remaining + 1)) and `reset` as the time to
+    refill `limit - level`, so rate lies in ((spent - 1) / reset, spent / reset] with
+    spent = limit - remaining. The brackets of all readings are intersected; once the
+    bracket is narrower than CONFIDENT, requests are paced at its lower end (never faster
+    than the provider refills). Each reading also caps the local balance at what the
+    provider had then, less what was sent since: the client never believes in more
+    capacity than the provider last reported."""
+
+    CONFIDENT = 1.1  # pace once high / low <= this
+
+    def __init__(self, unit: str, limit: float) -> None:
+        self.unit, self.limit = unit, limit
+        self.low, self.high = 0.0, math.inf
+        self.confident = False
+        self.bucket: TokenBucket | None = None  # set once confident
+
+    @property
+    def rate(self) -> float | None:
+        """The pacing rate: the bracket's lower end once it is narrow; before that its upper
+        end (faster than the provider refills, so that its bucket drains and the readings
+        near empty narrow the bracket, while the balance still follows what it reports);
+        None before any reading."""
+        if self.confident:
+            return self.low
+        return self.high if math.isfinite(self.high) else None
+
+    def observe(self, reading: LimitReading, spent_since: float, elapsed: float, now: float) -> None:
+        """`spent_since`: what this client reserved after the request that got `reading`;
+        `elapsed`: seconds since that request was sent."""
+        spent = reading.limit - reading.remaining
+        if reading.reset_s > 0 and spent >= 1:
+            low = min(MAX_LEARNED_RATE, (spent - 1) / reading.reset_s)
+            high = min(MAX_LEARNED_RATE, spent / reading.reset_s)
+            if low > self.high or high < self.low:  # the provider changed its limit: start over
+                self.low, self.high, self.confident = low, high, False
+            else:
+                self.low, self.high = max(self.low, low), min(self.high, high)
+            self.confident = self.confident or (self.low > 0 and self.high <= self.low * self.CONFIDENT)
+        rate = self.rate
+        if rate is None:
+            return
+        if self.bucket is None:
+            self.bucket = TokenBucket(rate, self.limit, now)
+        self.bucket.refill(now)
+        self.bucket.rate = rate
+        provider_has = reading.remaining + rate * max(0.0, elapsed) - spent_since
+        self.bucket.tokens = min(self.bucket.tokens, provider_has)
+
+    def on_refused(self) -> None:
+        """A 429 although paced: the estimate (or the provider's clock) ran ahead; slow down
+        a little and let the readings bracket the rate again from there."""
+        if self.confident:
+            self.low *= 0.97
+
+
+class LearnedLimits:
+    """The provider's buckets learned from `x-ratelimit-*` headers, one per (unit, limit)."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[tuple[str, float], LearnedBucket] = {}
+        self.reserved = {"requests": 0.0, "tokens": 0.0}  # cumulative, to count what was sent since
+
+    def reserve(self, costs: Mapping[str, float], now: float) -> tuple[float, dict[str, float]]:
+        """Takes `costs` ({"requests": 1, "tokens": n}) from every paced bucket: returns the
+        wait and the cumulative reservations after this one (the request's mark)."""
+        wait = 0.0
+        for b in self.buckets.values():
+            if b.bucket is not None and b.rate is not None:
+                wait = max(wait, b.bucket.reserve(now, costs.get(b.unit, 0.0)))
+        for unit, cost in costs.items():
+            self.reserved[unit] = self.reserved.get(unit, 0.0) + cost
+        return wait, dict(self.reserved)
+
+    def observe(
+        self, headers: Mapping[str, str], mark: Mapping[str, float], sent_at: float, now: float
+    ) -> list[LimitReading]:
+        readings = rate_limit_readings(headers)
+        for r in readings:
+            key = (r.unit, r.limit)
+            bucket = self.buckets.get(key)
+            if bucket is None:
+                if sum(1 for u, _ in self.buckets if u == r.unit) >= MAX_LEARNED_BUCKETS:
+                    del self.buckets[next(k for k in self.buckets if k[0] == r.unit)]
+                bucket = self.buckets[key] = LearnedBucket(r.unit, r.limit)
+            spent_since = self.reserved.get(r.unit, 0.0) - mark.get(r.unit, 0.0)
+            bucket.observe(r, spent_since, now - sent_at, now)
+        return readings
+
+    def refused(self, readings: list[LimitReading], costs: Mapping[str, float]) -> bool:
+        """A 429 whose headers show a bucket this client paces on without room for the
+        request: the answer is pacing, not fewer requests in flight. Returns whether that
+        was the case."""
+        paced = False
+        for r in readings:
+            b = self.buckets.get((r.unit, r.limit))
+            if b is not None and b.rate is not None and r.remaining < costs.get(r.unit, 1.0):
+                b.on_refused()
+                paced = True
+        return paced
+
+    def rates(self) -> dict[str, float]:
+        """Rates paced at, once confident, per bucket, e.g. {"requests/10": 9.9}."""
+        return {f"{u}/{lim:g}": b.low for (u, lim), b in self.buckets.items() if b.confident}
 
 
 def backoff_delay(retry: int, base: float, cap: float, rng: random.Random) -> float:
@@ -315,6 +489,13 @@ def parse_completion(body: bytes) -> Completion:
     except (TypeError, ValueError):
         raise ValueError(f"unreadable usage {usage!r}") from None
     return Completion(content or "", prompt_tokens, completion_tokens, choice.get("finish_reason"))
+
+
+def request_costs(body: Mapping[str, Any]) -> dict[str, float]:
+    """What a request takes from a provider's buckets: one request, and tokens as OpenAI
+    counts them on admission (about 4 characters a token of prompt, plus max_tokens)."""
+    chars = sum(len(str(m.get("content") or "")) for m in body.get("messages") or [] if isinstance(m, dict))
+    return {"requests": 1.0, "tokens": float(math.ceil(chars / 4) + int(body.get("max_tokens") or 0))}
 
 
 def request_body(model: str, messages: list[ChatMessage], params: GenerationParams) -> dict[str, Any]:
@@ -428,7 +609,10 @@ class OpenAIEngine:
         key = named_variable(self.key_env, env) if self.key_env else None
         self._key = key  # only for redaction; the client holds it in its auth
         self.limit = AdaptiveLimit(maximum=config.concurrency)
-        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "overloads": 0}
+        # overloads: 429/503/529 answers; paced_refusals: 429s that re-synced the learned
+        # pacing instead of cutting the concurrency limit
+        self.stats: dict[str, int] = {"requests": 0, "retries": 0, "overloads": 0, "paced_refusals": 0}
+        self.learned = LearnedLimits()  # the provider's limits, from its x-ratelimit-* headers
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"engine-{self.revision}", daemon=True
@@ -447,6 +631,8 @@ class OpenAIEngine:
         # made on the engine's loop, which the client's connections and the gate belong to
         c = self.config
         self._gate = _Gate(self.limit, self._clock)
+        self._answered = asyncio.Event()  # set by the first request's outcome, whatever it is
+        self._probe_sent = False
         self._buckets = rate_buckets(c.rps, c.rpm, self._clock())
         self._client = httpx.AsyncClient(
             base_url=c.base_url + "/",
@@ -525,9 +711,17 @@ class OpenAIEngine:
         )
 
     async def _attempt(self, body: dict[str, Any]) -> Completion | _Retry | PermanentEngineError:
+        if not self._answered.is_set():
+            # The first request goes alone: its answer's x-ratelimit-* headers say how much
+            # the provider allows before a burst of `concurrency` requests can overrun it.
+            if self._probe_sent:
+                await self._answered.wait()
+            self._probe_sent = True
         epoch = await self._gate.enter()
         try:
-            await self._pace()
+            costs = request_costs(body)
+            mark = await self._pace(costs)
+            sent_at = self._clock()
             self.stats["requests"] += 1
             try:
                 async with (
@@ -547,18 +741,35 @@ class OpenAIEngine:
                     f"{self.revision}: HTTP {response.status_code} with a body over "
                     f"{self.config.max_response_bytes} bytes"
                 )
-            return self._classify(response, content, epoch)
+            paced_before = self.learned.rates()
+            readings = self.learned.observe(response.headers, mark, sent_at, self._clock())
+            if self.learned.rates().keys() != paced_before.keys():
+                log.info(
+                    "%s: pacing at the provider's limits %s (learned)", self.revision, self.learned.rates()
+                )
+            return self._classify(response, content, epoch, readings, costs)
         finally:
+            self._answered.set()
             await self._gate.leave()
 
-    async def _pace(self) -> None:
+    async def _pace(self, costs: Mapping[str, float]) -> dict[str, float]:
+        """Waits for the configured rates and the learned ones; returns the request's mark
+        in the learned limits' reservations."""
         now = self._clock()
         wait = max((b.reserve(now) for b in self._buckets), default=0.0)
+        learned_wait, mark = self.learned.reserve(costs, now)
+        wait = max(wait, learned_wait)
         if wait > 0:
             await asyncio.sleep(wait)
+        return mark
 
     def _classify(
-        self, response: httpx.Response, content: bytes, epoch: int
+        self,
+        response: httpx.Response,
+        content: bytes,
+        epoch: int,
+        readings: list[LimitReading],
+        costs: Mapping[str, float],
     ) -> Completion | _Retry | PermanentEngineError:
         status = response.status_code
         if 200 <= status < 300:
@@ -575,7 +786,11 @@ class OpenAIEngine:
             wait = retry_after_seconds(response.headers)
             if status in OVERLOAD_STATUSES:
                 self.stats["overloads"] += 1
-                if self.limit.on_overload(epoch):
+                if status == 429 and self.learned.refused(readings, costs):
+                    # a rate limit we pace on: the learned bucket re-synced to the provider's
+                    # word; fewer requests in flight would only leave its capacity unused
+                    self.stats["paced_refusals"] += 1
+                elif self.limit.on_overload(epoch):
                     API_CONCURRENCY.labels(model=self.revision).set(self.limit.allowed)
                     log.info(
                         "%s: HTTP %d, concurrency limit now %d", self.revision, status, self.limit.allowed
