@@ -130,7 +130,7 @@ class TestLearnedBucket:
             bucket.observe(provider_reading(provider, now), 0, 0, now)
         assert bucket.confident
         assert bucket.low <= 10.0 < bucket.high * 1.0001
-        assert 9.5 <= bucket.low and bucket.rate == bucket.low  # never faster than the provider
+        assert bucket.low >= 9.5 and bucket.rate == bucket.low * bucket.HEADROOM  # never faster
 
     def test_first_reading_paces_at_the_upper_bound_until_confident(self) -> None:
         bucket = LearnedBucket("requests", 10)
@@ -142,12 +142,12 @@ class TestLearnedBucket:
         bucket = LearnedBucket("requests", 10)
         bucket.low, bucket.high, bucket.confident = 10.0, 10.0, True
         bucket.observe(LimitReading("requests", 10, 2, 0.8), spent_since=5, elapsed=0.1, now=1.0)
-        assert bucket.bucket is not None and bucket.bucket.tokens == pytest.approx(2 + 1 - 5)
+        assert bucket.bucket is not None and bucket.bucket.tokens == pytest.approx(2 + 0.98 - 5)
 
     def test_a_changed_limit_starts_the_bracket_over(self) -> None:
         bucket = LearnedBucket("requests", 100)
         bucket.observe(LimitReading("requests", 100, 0, 10.0), 0, 0, 0.0)  # (9.9, 10]
-        assert bucket.confident and bucket.rate == pytest.approx(9.9)
+        assert bucket.confident and bucket.rate == pytest.approx(9.9 * bucket.HEADROOM)
         bucket.observe(LimitReading("requests", 100, 95, 1.0), 0, 0, 1.0)  # (4, 5]: slower now
         assert bucket.high == 5.0 and not bucket.confident and bucket.rate == 5.0
 
@@ -155,7 +155,7 @@ class TestLearnedBucket:
         bucket = LearnedBucket("requests", 100)
         bucket.observe(LimitReading("requests", 100, 0, 10.0), 0, 0, 0.0)
         bucket.on_refused()
-        assert bucket.rate == pytest.approx(9.9 * 0.97)
+        assert bucket.rate == pytest.approx(9.9 * 0.97 * bucket.HEADROOM)
 
 
 def test_learned_limits_are_bounded_per_unit() -> None:
@@ -194,12 +194,13 @@ def test_bare_spec_runs_at_the_limit_with_almost_no_429(fast_provider: Running) 
         engine.close()
     assert [o.text for o in out if isinstance(o, GenOutput)] == [str(i + 1) for i in range(240)]
     stats = fast_provider.app.stats()
-    assert stats["admitted_prompts"] == 240
-    assert stats["rate_limited"] <= 2  # < 1 % of the requests
-    assert engine.stats["requests"] == 240 + stats["rate_limited"]
+    seen = f"provider {stats}, engine {engine.stats}, learned {engine.learned.rates()}"
+    assert stats["admitted_prompts"] == 240, seen
+    assert stats["rate_limited"] <= 2, seen  # < 1 % of the requests
+    assert engine.stats["requests"] == 240 + stats["rate_limited"], seen
     rate = engine.learned.rates()["requests/40"]
-    assert 0.95 * 40 <= rate <= 40  # learned from the headers, never above the provider's
-    assert engine.limit.allowed == 32  # a rate limit is paced, not answered with fewer in flight
+    assert 0.95 * 40 <= rate < 40, seen  # learned from the headers, under the provider's
+    assert engine.limit.allowed == 32, seen  # a rate limit is paced, not answered with fewer in flight
 
 
 def test_tokens_per_minute_limit_is_learned_too() -> None:

@@ -321,12 +321,15 @@ class LearnedBucket:
     whole number (the level was in [remaining, remaining + 1)) and `reset` as the time to
     refill `limit - level`, so rate lies in ((spent - 1) / reset, spent / reset] with
     spent = limit - remaining. The brackets of all readings are intersected; once the
-    bracket is narrower than CONFIDENT, requests are paced at its lower end (never faster
-    than the provider refills). Each reading also caps the local balance at what the
+    bracket is narrower than CONFIDENT, requests are paced just under its lower end (never
+    faster than the provider refills). Each reading also caps the local balance at what the
     provider had then, less what was sent since: the client never believes in more
     capacity than the provider last reported."""
 
     CONFIDENT = 1.1  # pace once high / low <= this
+    # Paced this far under the provider's rate: its clock starts a request's refill when the
+    # request arrives, ours when it leaves; the slack absorbs that jitter.
+    HEADROOM = 0.98
 
     def __init__(self, unit: str, limit: float) -> None:
         self.unit, self.limit = unit, limit
@@ -341,7 +344,7 @@ class LearnedBucket:
         near empty narrow the bracket, while the balance still follows what it reports);
         None before any reading."""
         if self.confident:
-            return self.low
+            return self.low * self.HEADROOM
         return self.high if math.isfinite(self.high) else None
 
     def observe(self, reading: LimitReading, spent_since: float, elapsed: float, now: float) -> None:
@@ -420,7 +423,7 @@ class LearnedLimits:
 
     def rates(self) -> dict[str, float]:
         """Rates paced at, once confident, per bucket, e.g. {"requests/10": 9.9}."""
-        return {f"{u}/{lim:g}": b.low for (u, lim), b in self.buckets.items() if b.confident}
+        return {f"{u}/{lim:g}": b.low * b.HEADROOM for (u, lim), b in self.buckets.items() if b.confident}
 
 
 def backoff_delay(retry: int, base: float, cap: float, rng: random.Random) -> float:
