@@ -31,6 +31,7 @@ BENCHMARKS = [
     "batching",
     "label_audit",
     "report_items",
+    "api_limit",
 ]
 BUDGET_S = 30 * 60
 README = paths.ROOT / "README.md"

@@ -23,8 +23,8 @@ prompt string or a list of prompts, which is charged as that many requests):
   `--per-token-s` per completion token, from a seeded generator, capped at 30 s; 429s are
   immediate.
 * **Answers**: "What is A + B?" (also -, *) gets the right number, anything else "ok".
-* **Counts**: GET /stats is a JSON object (requests by status, admissions per second,
-  first and last admission, most in flight); POST /stats/reset clears it.
+* **Counts**: GET <base>/stats is a JSON object (requests by status, admissions per second,
+  first and last admission, most in flight); POST <base>/stats clears it and fills the buckets.
 """
 
 from __future__ import annotations
@@ -182,13 +182,14 @@ class LimitedProvider:
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
-        self.limits = RateLimits(config.rps, config.rpm, config.tpm)
         self._rng = random.Random(config.seed)
         self._lock = threading.Lock()
         self.reset_stats()
 
     def reset_stats(self) -> None:
+        """Counts cleared, buckets full again: a fresh provider for the next measurement."""
         with self._lock:
+            self.limits = RateLimits(self.config.rps, self.config.rpm, self.config.tpm)
             self.statuses: Counter[int] = Counter()
             self.admitted_at: list[float] = []  # monotonic times of admitted requests (per prompt)
             self.in_flight = 0
@@ -227,7 +228,7 @@ class LimitedProvider:
         if scope["type"] != "http":
             return
         path, method = scope["path"].rstrip("/"), scope["method"]
-        if path == "/stats":
+        if path.endswith("/stats"):
             if method == "POST":
                 self.reset_stats()
             await _reply(send, 200, self.stats())
