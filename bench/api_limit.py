@@ -345,8 +345,15 @@ def main() -> None:
         sweep_rows = data.arithmetic_rows(sweep_items, seed=900, prefix="s-")
         sweep_task = write_task(work / "sweep", data.write_jsonl(work / "sweep.jsonl", sweep_rows))
         sweep_out = lmeval_sweep(provider, sweep_task, sweep_items, sweep, burst)
-        finished = [r for r in sweep_out if r["error"] is None]
-        best = min(finished, key=lambda r: r["wall_s"])["num_concurrent"] if finished else max(sweep)
+        # fastest first; a value whose whole run dies of 429s (lm-eval gives up after
+        # max_retries refusals of one request) makes way for the next, as a user would
+        ranked = [
+            r["num_concurrent"] for r in sorted(sweep_out, key=lambda r: r["wall_s"]) if r["error"] is None
+        ]
+        if not ranked:
+            raise RuntimeError("no num_concurrent value finished lm-eval's sweep")
+        best = ranked[0]
+        lmeval_failed: list[dict[str, Any]] = []
 
         reps: list[dict[str, Any]] = []
         for r in range(repeats):
@@ -359,8 +366,19 @@ def main() -> None:
                 if arm == "pipeline":
                     arms[arm] = pipeline_arm(provider, dataset, items, f"bench-api-{r}", burst)
                 else:
-                    arms[arm] = lmeval_arm(provider, task, items, best, burst)
+                    while True:
+                        arms[arm] = lmeval_arm(provider, task, items, best, burst)
+                        if arms[arm]["rc"] == 0 or best == ranked[-1]:
+                            break
+                        recording.log(
+                            f"lm-eval num_concurrent={best} died after {arms[arm]['wall_s']} s "
+                            f"({arms[arm]['rate_limited']} 429s); next: {ranked[ranked.index(best) + 1]}"
+                        )
+                        lmeval_failed.append({**arms[arm], "repeat": r})
+                        best = ranked[ranked.index(best) + 1]
             p, le = arms["pipeline"], arms["lmeval"]
+            if le["rc"] != 0:
+                raise RuntimeError("lm-eval failed at every num_concurrent value the sweep finished")
             speedup = le["wall_s"] / p["wall_s"]
             recording.log(
                 f"repeat {r}: pipeline {p['wall_s']} s (capacity share {p['capacity_share']}, 429 "
@@ -387,9 +405,8 @@ def main() -> None:
             f"provider's capacity while it ran (pipeline {pure.fmt_num(share)}); both are held to the same "
             f"{sustained:g} requests/s, so the pipeline can be at most 1 ÷ {pure.fmt_num(lm_share)} = "
             f"{pure.fmt_num(1 / lm_share if lm_share else None)}× faster at the provider, plus what lm-eval "
-            f"spends starting up (wall {pure.fmt_num(med('lmeval', 'wall_s'))} s vs "
-            f"{pure.fmt_num(med('lmeval', 'admitted_span_s'))} s at the provider). A 2× lead needs a client that "
-            "uses under half of the limit; lm-eval's fixed num_concurrent does better than that once swept."
+            f"spends starting up: {pure.fmt_num(med('lmeval', 'before_first_s'))} s from its start to its first "
+            f"request (the pipeline: {pure.fmt_num(med('pipeline', 'before_first_s'))} s) on this shared machine."
         )
     recording.write_result(
         NAME,
@@ -416,8 +433,16 @@ def main() -> None:
                     "venv": venv,
                 },
             },
+            # HEAD of the checkout (recording.machine() reads .git as a folder, which a
+            # worktree's is not)
+            "commit": subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True
+            ).stdout.strip()
+            or None,
             "lmeval_sweep": sweep_out,
             "lmeval_best_num_concurrent": best,
+            "lmeval_sweep_ranking": ranked,
+            "lmeval_failed_runs": lmeval_failed,
             "repeats": reps,
             "pipeline": {
                 k: med("pipeline", k) for k in ("wall_s", "capacity_share", "share_429", "end_to_end_share")
@@ -445,7 +470,14 @@ def main() -> None:
                     f"{pure.fmt_num(speed['median'])}× (median of {speed['n']}; "
                     f"{pure.fmt_num(speed['min'])}–{pure.fmt_num(speed['max'])})",
                     met_speed,
-                    f"lm-eval {LMEVAL_VERSION} num_concurrent={best} of {sweep}: "
+                    f"lm-eval {LMEVAL_VERSION} num_concurrent={best} of {sweep}"
+                    + (
+                        f" ({', '.join(sorted({str(f['num_concurrent']) for f in lmeval_failed}))} died of 429s "
+                        f"on {items} items)"
+                        if lmeval_failed
+                        else ""
+                    )
+                    + ": "
                     f"{pure.fmt_num(med('lmeval', 'wall_s'))} s, capacity share {pure.fmt_num(lm_share)}, "
                     f"429 {pure.fmt_num((med('lmeval', 'share_429') or 0) * 100)} %; pipeline "
                     f"{pure.fmt_num(med('pipeline', 'wall_s'))} s",
