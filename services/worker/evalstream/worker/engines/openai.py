@@ -44,8 +44,12 @@ How requests are paced:
   bucket per reported limit, its refill rate bracketed by the readings, requests paced at
   the bracket's lower end once it is narrow, and the local balance never above what the
   provider last reported less what was sent since (LearnedBucket). A 429 that such a bucket
-  explains re-syncs it instead of cutting the concurrency limit. No configuration needed:
-  a bare `openai:<model>@<url>` runs at the provider's limit with few 429s.
+  explains re-syncs it instead of cutting the concurrency limit. An engine's first request
+  goes alone, so that its answer's headers are known before a burst of `concurrency`
+  requests can overrun a provider that allows fewer at once. No configuration needed: a
+  bare `openai:<model>@<url>` runs at the provider's limit with few 429s. Several workers
+  sharing one key each pace at the whole limit: give them a share each with `rps`/`rpm`
+  (OPENAI_RPS/OPENAI_RPM), which apply on top of the learned limits.
 * Retries with exponential backoff and jitter on 429, 408, 5xx, timeouts, connection errors
   and unreadable bodies; a 4xx such as 400/401/404 fails at once. After the last retry the
   item fails with TransientEngineError (the pipeline retries it later through eval.retry),
