@@ -69,7 +69,9 @@ async def test_429_storm_slows_the_run_but_loses_and_duplicates_nothing(
     # the key the operator mapped to this endpoint went with every request
     assert {r.headers.get("Authorization") for r in provider.requests} == {f"Bearer {SECRET}"}
     # slower: the storm was ridden out by waiting, not by losing items
-    assert refused >= 8 and retries >= refused - 8  # (the last round's refusals may be in flight)
+    # the engine's first request goes alone (refused), then rounds of 4 and 2 as the
+    # concurrency limit halves on each round of refusals, one Retry-After apart
+    assert refused >= 5 and retries >= refused - 8  # (the last round's refusals may be in flight)
     assert elapsed >= 3.0 and elapsed > calm_s + 2.0
     assert 1 <= limit <= 8
     # usage recorded from the provider's `usage`
