@@ -226,10 +226,9 @@ def test_rate_limit_paces_requests(provider: FakeProvider) -> None:
     engine.generate([req(i) for i in range(20)])
     engine.close()
     times = sorted(r.at for r in provider.requests)
-    # a burst of 10, then one every 0.1 s: the 20th leaves about 1 s after the first (the
-    # lower bound is the pacing; the upper ones only guard against a stall, loosely: CI load)
-    assert 0.85 <= times[-1] - times[0] <= 3.0
-    assert times[9] - times[0] < 0.7
+    # a burst of 10, then one every 0.1 s: the 20th cannot leave before about 1 s after the
+    # first. Only this lower bound is checked: load can slow requests, never speed them up.
+    assert len(times) == 20 and times[-1] - times[0] >= 0.85
 
 
 def test_server_errors_are_retried_with_backoff(provider: FakeProvider) -> None:
