@@ -37,15 +37,18 @@ ps:
 clean:
 	@python3 ops/local/stack.py clean
 
+# Clients authenticate: `stack.py env` gives them the stack's endpoints and the users' credentials.
+CLIENT_ENV = eval "$$($(PY) ops/local/stack.py env)"
+
 demo: up
-	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo.jsonl --name demo --wait
-	@.venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo_code.jsonl --name demo-code --max-tokens 200 --wait
+	@$(CLIENT_ENV) && .venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo.jsonl --name demo --wait
+	@$(CLIENT_ENV) && .venv/bin/evalctl submit services/producer/evalstream/producer/samples/demo_code.jsonl --name demo-code --max-tokens 200 --wait
 
 # The whole suite: the development stack's tests, then every fault scenario scaled down
 # (FAULTS_CI_SCALE) on the fault stack, which is brought up for it and down after it.
 FAULTS_CI_SCALE ?= 0.2
 test: up
-	@$(PY) -m pytest -m "not slow and not faults and not hosts" $(PYTEST_ARGS)
+	@$(CLIENT_ENV) && $(PY) -m pytest -m "not slow and not faults and not hosts" $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory test-faults FAULTS_SCALE=$(FAULTS_CI_SCALE); rc=$$?; \
 	  $(MAKE) --no-print-directory down-faults; exit $$rc
 
@@ -61,7 +64,7 @@ FAULTS_ENV := EVALSTREAM_PORT_OFFSET=2000 EVALSTREAM_STACK=$(CURDIR)/.stack-faul
   FAULTS_SCALE=$(FAULTS_SCALE)
 test-faults: venv
 	@env $(FAULTS_ENV) $(PY) ops/local/stack.py up --workers 1 --hosts 3
-	@env $(FAULTS_ENV) bash -c 'eval "$$($(PY) ops/local/stack.py env)" && $(PY) -m pytest -m "faults or hosts" $(PYTEST_ARGS)'
+	@env $(FAULTS_ENV) bash -c '$(CLIENT_ENV) && $(PY) -m pytest -m "faults or hosts" $(PYTEST_ARGS)'
 
 down-faults:
 	@env $(FAULTS_ENV) python3 ops/local/stack.py down

@@ -49,9 +49,15 @@ def stack_dir() -> Path:
     return Path(os.environ.get("EVALSTREAM_STACK", ROOT / ".stack-bench"))
 
 
-def client_env() -> dict[str, str]:
+def client_env(principal: str = "user") -> dict[str, str]:
+    """`stack.py env`: the bench stack's endpoints with the Kafka credentials of `principal`
+    (a service's name for a service, "user" for clients)."""
     out = subprocess.run(
-        [sys.executable, str(STACK_PY), "env"], check=True, capture_output=True, text=True, cwd=ROOT
+        [sys.executable, str(STACK_PY), "env", "--principal", principal],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     ).stdout
     env = {}
     for line in out.splitlines():

@@ -21,7 +21,12 @@ from bench.recording import log
 
 def service_env(name: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ops/local/stack.py gives a service."""
-    env = {**os.environ, "HTTP_PORT": str(service_port(name)), "PYTHONUNBUFFERED": "1", **client_env()}
+    env = {
+        **os.environ,
+        "HTTP_PORT": str(service_port(name)),
+        "PYTHONUNBUFFERED": "1",
+        **client_env(name.split("-")[0]),
+    }
     if name.startswith("worker-"):
         env["WORKER_ID"] = name
     env.update(extra or {})

@@ -48,7 +48,15 @@ from tests.e2e.test_router_e2e import (  # noqa: E402
     router_env,
     submit_private,
 )
-from tests.support import ServiceProcess, free_port, topic_end_offsets, unique, upload_dataset  # noqa: E402
+from tests.support import (  # noqa: E402
+    ServiceProcess,
+    admin_kafka,
+    admin_settings,
+    free_port,
+    topic_end_offsets,
+    unique,
+    upload_dataset,
+)
 
 POLICIES = ("weighted", "least_outstanding", "round_robin")
 RESULTS = ROOT / "bench" / "results" / "router_lag.json"
@@ -75,11 +83,11 @@ def p95(values: list[float]) -> float:
 
 
 async def collect_results(
-    bootstrap: str, run_id: str, start: dict[int, int], expected: int, timeout: float
+    run_id: str, start: dict[int, int], expected: int, timeout: float
 ) -> dict[str, tuple[float, str, str]]:
     """item id -> (time of its result on eval.results, served_by, shard id), until all
     `expected` are in."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**admin_kafka(), enable_auto_commit=False)
     await consumer.start()
     seen: dict[str, tuple[float, str, str]] = {}
     try:
@@ -103,12 +111,10 @@ async def collect_results(
     return seen
 
 
-async def routed_at(
-    bootstrap: str, groups: list[str], starts: dict[str, dict[int, int]], run_id: str
-) -> dict[str, float]:
+async def routed_at(groups: list[str], starts: dict[str, dict[int, int]], run_id: str) -> dict[str, float]:
     """shard id -> when the router published it to a work topic (first time)."""
     out: dict[str, float] = {}
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**admin_kafka(), enable_auto_commit=False)
     await consumer.start()
     try:
         for g in groups:
@@ -128,9 +134,13 @@ async def routed_at(
     return out
 
 
-async def drained(bootstrap: str, groups: list[str]) -> bool:
+async def drained(groups: list[str]) -> bool:
     lags = [
-        sum((await group_lag(bootstrap, topics.worker_consumer_group(g), topics.work_topic(g))).values())
+        sum(
+            (
+                await group_lag(admin_settings(), topics.worker_consumer_group(g), topics.work_topic(g))
+            ).values()
+        )
         for g in groups
     ]
     return not any(lags)
@@ -145,9 +155,8 @@ async def run_policy(
     shard_size: int,
     work: Path,
 ) -> dict[str, Any]:
-    bootstrap = settings.kafka_bootstrap
     inbox = unique(f"eval.shards.bench-{policy.replace('_', '-')}")
-    await create_topic(bootstrap, inbox)
+    await create_topic(inbox)
     router, port = spawn(
         "evalstream.router",
         work,
@@ -157,8 +166,8 @@ async def run_policy(
     try:
         await asyncio.to_thread(router.wait_healthy, port)
         await asyncio.sleep(2)  # the router has read the heartbeats and one round of lag
-        starts = {g: await topic_end_offsets(bootstrap, topics.work_topic(g)) for g in groups}
-        results_start = await topic_end_offsets(bootstrap, topics.RESULTS)
+        starts = {g: await topic_end_offsets(topics.work_topic(g)) for g in groups}
+        results_start = await topic_end_offsets(topics.RESULTS)
         run_id = unique(f"bench-{policy.replace('_', '-')}")
         dataset = write_jsonl(work / f"{policy}.jsonl", items)
         job = JobSpec(
@@ -169,11 +178,11 @@ async def run_policy(
             generation=GenerationParams(max_tokens=16),
             name=f"bench router_lag {policy}",
         )
-        collector = asyncio.create_task(collect_results(bootstrap, run_id, results_start, len(items), 600))
+        collector = asyncio.create_task(collect_results(run_id, results_start, len(items), 600))
         submitted = time.time()
         await submit_private(settings, inbox, job)
         seen = await collector
-        routed = await routed_at(bootstrap, groups, starts, run_id)
+        routed = await routed_at(groups, starts, run_id)
         weights = await asyncio.to_thread(policy_weights, port)
     finally:
         router.stop()
@@ -202,11 +211,10 @@ async def run_policy(
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings.from_env()
-    bootstrap = settings.kafka_bootstrap
     work = Path(tempfile.mkdtemp(prefix="bench-router-"))
     fast, slow = unique("bench-fast"), unique("bench-slow")
     groups = [fast, slow]
-    await ensure_topics(bootstrap, groups)
+    await ensure_topics(admin_settings(), groups)
     # items of their own per run: the same prompt would be an answer-cache hit the second time
     phases = {
         p: [
@@ -246,13 +254,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 settings, policy, groups, model, phases[policy], args.shard_size, work
             )
             for _ in range(120):  # the next phase starts on empty queues
-                if await drained(bootstrap, groups):
+                if await drained(groups):
                     break
                 await asyncio.sleep(0.5)
     finally:
         for proc, _ in workers:
             proc.stop()
-        await publish_heartbeats(bootstrap, [(f"{g}-0", None) for g in groups])
+        await publish_heartbeats([(f"{g}-0", None) for g in groups])
     rr, lag_aware = out["round_robin"], out["weighted"]
     summary = {
         "benchmark": "router_lag",

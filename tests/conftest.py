@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 
 from evalstream.common.settings import Settings
 from tests import infra
-from tests.support import ServiceProcess, free_port
+from tests.support import ServiceProcess, admin_kafka, free_port
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +44,7 @@ async def pg(stack: Settings) -> AsyncIterator[asyncpg.Connection]:
 
 @pytest.fixture
 async def kafka_producer(stack: Settings) -> AsyncIterator[AIOKafkaProducer]:
-    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all")
+    producer = AIOKafkaProducer(**admin_kafka(), acks="all")
     await producer.start()
     try:
         yield producer

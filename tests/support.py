@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from evalstream.common import storage
+from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import topic_partitions
 from evalstream.common.settings import Settings
 
@@ -38,6 +40,8 @@ def stack_cmd(*args: str, env: dict[str, str] | None = None) -> None:
 
 PROMETHEUS_URL = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
 
+# The Kafka settings a client's credentials consist of (libs/common settings.KafkaSettings).
+KAFKA_CREDENTIALS = ("KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_USERNAME", "KAFKA_PASSWORD")
 
 # --------------------------------------------------------------------------- hosts (stack.py up --hosts N)
 
@@ -84,8 +88,50 @@ def netns_inode(name: str) -> int:
     return os.stat(f"/run/netns/{name}").st_ino
 
 
-async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+@functools.cache
+def kafka_env(principal: str) -> dict[str, str]:
+    """The Kafka credentials of `principal` on the test stack (`stack.py env --principal`):
+    "admin" (the broker's super user), a service's name, or "user" (what `stack.py env`
+    gives the tests themselves). None where the tests' broker does not authenticate
+    (KAFKA_SECURITY_PROTOCOL unset or PLAINTEXT: testcontainers' broker)."""
+    if os.environ.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper() == "PLAINTEXT":
+        return {}
+    out = subprocess.run(
+        [sys.executable, "ops/local/stack.py", "env", "--principal", principal],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    env = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines() if "=" in line)
+    return {k: v for k, v in env.items() if k in KAFKA_CREDENTIALS}
+
+
+def principal_settings(principal: str) -> Settings:
+    """The tests' settings with the Kafka credentials of `principal`."""
+    return Settings.from_env({**os.environ, **kafka_env(principal)})
+
+
+def admin_settings() -> Settings:
+    """Settings of the admin principal: for tests that create topics, read any topic or
+    forge the messages of a service (the users' principal may only publish jobs)."""
+    return principal_settings("admin")
+
+
+def admin_kafka() -> dict[str, Any]:
+    """aiokafka client arguments (bootstrap servers and credentials) of the admin principal."""
+    return client_kwargs(admin_settings())
+
+
+def service_kafka_env(module: str) -> dict[str, str]:
+    """The credentials a service module (evalstream.worker, evalstream.router.app, ...) runs
+    with: its own principal, as the local stack starts it."""
+    parts = module.split(".")
+    return kafka_env(parts[1]) if len(parts) > 1 and parts[0] == "evalstream" else {}
+
+
+async def topic_end_offsets(topic: str) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(**admin_kafka(), request_timeout_ms=10_000)
     await consumer.start()
     try:
         tps = await topic_partitions(consumer, topic)
@@ -96,10 +142,10 @@ async def topic_end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 async def read_records(
-    bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int] | None = None, timeout: float = 120
+    topic: str, start: dict[int, int], end: dict[int, int] | None = None, timeout: float = 120
 ) -> list[Any]:
     """Every record of `topic` from `start` up to `end` (default: the end now), per partition."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**admin_kafka(), enable_auto_commit=False)
     await consumer.start()
     out: list[Any] = []
     try:
@@ -121,11 +167,11 @@ async def read_records(
 
 
 async def read_topic_since(
-    bootstrap: str, topic: str, start: dict[int, int]
+    topic: str, start: dict[int, int]
 ) -> list[tuple[bytes | None, bytes, dict[str, bytes]]]:
     """(key, value, headers) of every record of `topic` after the offsets in `start` (as
     returned by topic_end_offsets)."""
-    return [(r.key, r.value or b"", dict(r.headers)) for r in await read_records(bootstrap, topic, start)]
+    return [(r.key, r.value or b"", dict(r.headers)) for r in await read_records(topic, start)]
 
 
 def upload_dataset(settings: Settings, path: Path) -> str:
@@ -140,9 +186,10 @@ def upload_dataset(settings: Settings, path: Path) -> str:
 
 
 class ServiceProcess:
-    """A service started by a test, with its own log; stopped (SIGTERM) at teardown. With
-    `netns`, it runs in that network namespace (a host of `stack.py up --hosts`) and is
-    reached at `address`."""
+    """A service started by a test, with its own log and the Kafka credentials of its own
+    principal (the service's, as the local stack starts it); stopped (SIGTERM) at
+    teardown. With `netns`, it runs in that network namespace (a host of
+    `stack.py up --hosts`) and is reached at `address`."""
 
     def __init__(
         self,
@@ -162,7 +209,7 @@ class ServiceProcess:
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: same pid
         self.proc = subprocess.Popen(
             [*inside, sys.executable, "-m", self.module],
-            env={**os.environ, **self.env},
+            env={**os.environ, **self.env, **service_kafka_env(self.module)},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

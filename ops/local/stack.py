@@ -2,7 +2,8 @@
 """The evalstream topology as local processes, for machines without a Docker engine.
 
     python ops/local/stack.py up [--workers N] [--hosts N] [--infra-only]   install on first use, start, wait healthy
-    python ops/local/stack.py ps | hosts | down | clean | env [--host NAME [--via-proxy]]
+    python ops/local/stack.py ps | hosts | down | clean
+    python ops/local/stack.py env [--principal user|admin|producer|...] [--host NAME [--via-proxy]]
     python ops/local/stack.py link HOST up|down       a host's network link (down: a partition)
 
 --hosts N rehearses a cluster on this machine: N network namespaces ("hosts", each a worker
@@ -51,7 +52,7 @@ from localstack.installs import (  # noqa: E402
     toxiproxy_binary,
     weed_binary,
 )
-from localstack.kafka import kafka_argv, kafka_healthy, kafka_prepare  # noqa: E402
+from localstack.kafka import kafka_argv, kafka_config_current, kafka_healthy, kafka_prepare  # noqa: E402
 from localstack.postgres import Postgres  # noqa: E402
 from localstack.proc import Proc  # noqa: E402
 from localstack.prometheus import (  # noqa: E402
@@ -90,9 +91,10 @@ def service(
     kind = next(k for k in ("producer", "router", "aggregator", "worker") if k in name.split("-"))
     program = str(ROOT / ".venv/bin" / f"evalstream-{kind}")
     address = host.address if host else "127.0.0.1"
-    env = {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env()}
+    # each service is its own Kafka principal (acls.py: producer, router, worker, aggregator)
+    env = {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env(kind)}
     if host:
-        env |= {"HTTP_HOST": host.address, **host_client_env()}
+        env |= {"HTTP_HOST": host.address, **host_client_env(principal=kind)}
     return Proc(
         name=name,
         argv=lambda: host.exec_argv([program]) if host else [program],
@@ -102,11 +104,11 @@ def service(
     )
 
 
-def host_client_env(via_proxy: bool = False) -> dict[str, str]:
+def host_client_env(via_proxy: bool = False, principal: str = "user") -> dict[str, str]:
     """client_env() as a host sees it: the same settings and credentials, with every endpoint
     at the infrastructure's address on the hosts' network (Kafka: its HOSTS listener, or the
     fault proxy in front of its PROXIED listener)."""
-    env = client_env()
+    env = client_env(principal)
     gateway = hosts.gateway()
 
     def moved(url: str) -> str:
@@ -188,8 +190,12 @@ def running_workers() -> list[Proc]:
 
 
 def bootstrap() -> None:
-    """Topics, buckets and the database schema; idempotent."""
-    run([str(VENV_PY), "-m", "evalstream.common.bootstrap"], cwd=ROOT, env={**os.environ, **client_env()})
+    """Topics, ACLs, buckets and the database schema, as the Kafka admin; idempotent."""
+    run(
+        [str(VENV_PY), "-m", "evalstream.common.bootstrap"],
+        cwd=ROOT,
+        env={**os.environ, **client_env("admin")},
+    )
 
 
 def set_hosts(n_hosts: int, services_host: bool) -> None:
@@ -267,6 +273,11 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None, services_host
     services_host = services_host and n_hosts > 0
     set_hosts(n_hosts, services_host)
     procs = infra()
+    if procs[0].pid() is not None and not kafka_config_current():
+        # A broker (and its clients) from before authentication: restarted with SASL/SCRAM.
+        log("Kafka runs without this stack's SASL/SCRAM configuration: restarting it and the services")
+        for p in [*running_workers(), *running_host_workers(), *services(0), procs[0]]:
+            p.stop()
     targets = worker_targets(workers, n_hosts)
     moved = {n: hosts.SERVICES_HOST.address for n in ("router", "aggregator")} if services_host else {}
     prometheus = Proc(
@@ -378,7 +389,14 @@ def main() -> None:
     sub.add_parser("ps", help="list the stack's processes")
     sub.add_parser("hosts", help="the stack's hosts: addresses, namespaces, links")
     p_env = sub.add_parser(
-        "env", help="print `export` lines that point clients (evalctl, tests) at this stack"
+        "env",
+        help="print `export` lines that point clients (evalctl, tests) at this stack, with their credentials",
+    )
+    p_env.add_argument(
+        "--principal",
+        default="user",
+        help="the Kafka principal: user (default: evalctl, job publishers), producer, router, worker, "
+        "aggregator, or admin (the broker's super user: topics, ACLs)",
     )
     p_env.add_argument("--host", help="as a process on this host (e.g. host1) sees the stack")
     p_env.add_argument("--via-proxy", action="store_true", help="with --host: Kafka through the fault proxy")
@@ -402,10 +420,10 @@ def main() -> None:
     elif args.cmd == "hosts":
         show_hosts()
     elif args.cmd == "env":
-        env = client_env()
+        env = client_env(args.principal)
         if args.host:
             named_host(args.host)
-            env = host_client_env(args.via_proxy)
+            env = host_client_env(args.via_proxy, args.principal)
         print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))
     elif args.cmd == "link":
         hosts.set_link(named_host(args.host), args.state == "up")

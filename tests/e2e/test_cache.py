@@ -18,7 +18,7 @@ from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import arithmetic_items, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider
 from tests.fakes.worker_metrics import metric_total
-from tests.support import unique
+from tests.support import admin_settings, unique
 
 pytestmark = pytest.mark.stack
 
@@ -29,7 +29,7 @@ async def test_second_identical_run_makes_zero_engine_calls(
     stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path: Path
 ) -> None:
     group = unique("cache")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     dataset = write_jsonl(tmp_path / "cache.jsonl", arithmetic_items(ITEMS, prefix=unique("k")))
     with FakeProvider() as provider:
         worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="openai:*")

@@ -79,7 +79,7 @@ async def test_misspelt_field_rejects_the_run_naming_the_field(
 ) -> None:
     dataset = upload(stack, f"{unique('hand')}/qa.jsonl", QUESTIONS)
     run_id = unique("run-misspelt")
-    shards_before = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
+    shards_before = await topic_end_offsets(topics.SHARDS)
     console_produce(
         stack,
         json.dumps({"dataset": dataset, "model": "null", "run_id": run_id, "generation": {"max_token": 64}}),
@@ -97,6 +97,6 @@ async def test_misspelt_field_rejects_the_run_naming_the_field(
     status = json.loads(evalctl("status", run_id, "--json").stdout.splitlines()[-1])
     assert status["status"] == "rejected" and "max_token" in status["problems"][0]["message"]
     # nothing of it was published or recorded
-    published = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, shards_before)
+    published = await read_topic_since(topics.SHARDS, shards_before)
     assert not [v for _, v, _ in published if run_id.encode() in v]
     assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id) == 0

@@ -31,7 +31,14 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.degenerate import DEGENERATE
 from tests.e2e.helpers import arithmetic_items, evalctl, write_jsonl
-from tests.support import read_topic_since, topic_end_offsets, unique, upload_dataset, wait_until
+from tests.support import (
+    admin_settings,
+    read_topic_since,
+    topic_end_offsets,
+    unique,
+    upload_dataset,
+    wait_until,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -74,7 +81,7 @@ async def test_degenerate_answers_are_graded_while_the_worker_answers_its_health
     stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path: Path
 ) -> None:
     group = unique("degenerate")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     proc, port = spawn(
         "evalstream.worker",
         WORKER_GROUP=group,
@@ -152,7 +159,7 @@ async def test_a_shard_that_always_fails_is_dead_lettered_after_its_deliveries(
     stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path: Path
 ) -> None:
     group, poison = unique("poison"), unique("poison-item")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     proc, port = spawn(
         "evalstream.worker",
         WORKER_GROUP=group,
@@ -211,7 +218,7 @@ async def test_hostile_jobs_are_rejected_with_a_clear_message_and_publish_nothin
         JobSpec(dataset=good, model="null", system_prompt="x" * 200_000),  # rides in every shard
         ("job", "over the 65536-byte limit"),
     )
-    shards_before = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
+    shards_before = await topic_end_offsets(topics.SHARDS)
     for run_id, (job, _) in jobs.items():
         job = msgspec.structs.replace(job, run_id=run_id)
         await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
@@ -236,7 +243,7 @@ async def test_hostile_jobs_are_rejected_with_a_clear_message_and_publish_nothin
 
     await wait_until(bad_id_rejected, 60, what="the job with a bad run_id to be rejected")
     assert await pg.fetchval("SELECT count(*) FROM runs WHERE run_id = $1", bad_id) == 0
-    shards = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, shards_before)
+    shards = await read_topic_since(topics.SHARDS, shards_before)
     ours = [v for _, v, _ in shards if any(r.encode() in v for r in [*jobs, bad_id])]
     assert ours == []
     # the normal path still works: evalctl uploads to the datasets bucket

@@ -28,6 +28,8 @@ from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import arithmetic_items, evalctl, result_rows, run_status, write_jsonl
 from tests.support import (
     STACK,
+    admin_kafka,
+    admin_settings,
     duckdb_delta,
     read_topic_since,
     stack_cmd,
@@ -66,7 +68,7 @@ def table(settings: Settings) -> DeltaTable:
 
 async def consumed(settings: Settings, partition: int, offset: int) -> bool:
     """Whether the aggregator has committed past `offset` of eval.results' `partition`."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**admin_kafka())
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(topics.AGGREGATOR_GROUP)
@@ -82,7 +84,7 @@ async def test_delta_table_equals_postgres_after_kill_redelivery_and_redrive(
     stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer, spawn
 ) -> None:
     group = unique("delta")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     flaky, port = spawn(
         "evalstream.worker",
         WORKER_GROUP=group,
@@ -104,7 +106,7 @@ async def test_delta_table_equals_postgres_after_kill_redelivery_and_redrive(
         worker_group=group,
         shard_size=10,
     )
-    results_start = await topic_end_offsets(stack.kafka_bootstrap, topics.RESULTS)
+    results_start = await topic_end_offsets(topics.RESULTS)
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
     pidfile = STACK / "run" / "aggregator.pid"
 
@@ -131,9 +133,7 @@ async def test_delta_table_equals_postgres_after_kill_redelivery_and_redrive(
     # 2) a shard's results delivered again: the table does not change at all
     version = table(stack).version()
     ours = [
-        (k, v)
-        for k, v, _ in await read_topic_since(stack.kafka_bootstrap, topics.RESULTS, results_start)
-        if run_id.encode() in v
+        (k, v) for k, v, _ in await read_topic_since(topics.RESULTS, results_start) if run_id.encode() in v
     ]
     assert ours
     dup = await kafka_producer.send_and_wait(topics.RESULTS, ours[0][1], key=ours[0][0])

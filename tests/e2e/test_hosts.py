@@ -66,7 +66,7 @@ async def test_a_run_across_three_hosts(stack: Settings, pg: asyncpg.Connection,
         what=f"heartbeats of {sorted(groups)}",
     )
 
-    start = await topic_end_offsets(stack.kafka_bootstrap, topics.RESULTS)
+    start = await topic_end_offsets(topics.RESULTS)
     n = 600
     rows = arithmetic_items(n, prefix="hx")
     dataset = write_jsonl(tmp_path / "hosts.jsonl", rows)
@@ -86,7 +86,7 @@ async def test_a_run_across_three_hosts(stack: Settings, pg: asyncpg.Connection,
 
     # Who served what, from the results on Kafka: only the hosts' workers, every host some.
     served: dict[str, set[str]] = {}
-    for _, value, _ in await read_topic_since(stack.kafka_bootstrap, topics.RESULTS, start):
+    for _, value, _ in await read_topic_since(topics.RESULTS, start):
         result = decode(value, ShardResult)
         if result.run_id == run_id:
             for item in result.results:

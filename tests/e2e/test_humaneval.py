@@ -33,7 +33,7 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import ROOT, result_rows, submit_wait, write_jsonl
 from tests.hostile_code import CHEATS, FORGERIES, escapes
-from tests.support import ServiceProcess, unique
+from tests.support import ServiceProcess, admin_settings, unique
 
 pytestmark = pytest.mark.stack
 
@@ -43,7 +43,7 @@ TASK_FIELDS = ("task_id", "prompt", "entry_point", "test")
 @pytest.fixture
 async def code_group(stack: Settings, spawn: Any) -> tuple[str, ServiceProcess, int]:
     group = unique("code")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*")
     await asyncio.to_thread(worker.wait_healthy, port)
     return group, worker, port

@@ -34,7 +34,15 @@ from tests.chromium import Chromium, charts
 from tests.e2e.helpers import ROOT, arithmetic_items, submit_wait, write_jsonl
 from tests.e2e.test_router_e2e import FakeGroup, create_topic, publish_shards, router_env, shards_for
 from tests.fakes.openai_provider import FakeProvider, storm
-from tests.support import STACK, ServiceProcess, free_port, read_topic_since, topic_end_offsets, unique
+from tests.support import (
+    STACK,
+    ServiceProcess,
+    admin_settings,
+    free_port,
+    read_topic_since,
+    topic_end_offsets,
+    unique,
+)
 from tests.unit.test_boards import boards, committed
 
 pytestmark = pytest.mark.stack
@@ -160,14 +168,13 @@ async def api_and_sla(
     a router with ROUTER_FALLBACK that sends a run's opted-in shards one tier down; both
     scraped by Prometheus until the module's tests are done."""
     tmp = tmp_path_factory.mktemp("api_and_sla")
-    bootstrap = stack.kafka_bootstrap
     with contextlib.ExitStack() as services:
         # --- provider 429s and the adaptive concurrency
         provider = services.enter_context(FakeProvider())
         provider.rate_limit(20, retry_after=0.5)
         provider.script = storm(seconds=2.0, retry_after=0.5)  # every request refused for 2 s
         group = unique("obs-openai")
-        await ensure_topics(bootstrap, [group])
+        await ensure_topics(admin_settings(), [group])
         worker_env = {
             "WORKER_GROUP": group,
             "WORKER_MODEL": "openai:*",
@@ -201,11 +208,11 @@ async def api_and_sla(
 
         # --- SLA fallback: every heartbeat of the big model's group violates the SLA
         big_group, small_group, inbox = unique("obs-big"), unique("obs-small"), unique("eval.shards.obs")
-        await create_topic(bootstrap, inbox)
+        await create_topic(inbox)
         big, small = f"replay:{tmp / 'big.jsonl'}", f"replay:{tmp / 'small.jsonl'}"
         async with (
-            FakeGroup(bootstrap, big_group, big, p95_ms=60_000),
-            FakeGroup(bootstrap, small_group, small, p95_ms=100),
+            FakeGroup(big_group, big, p95_ms=60_000),
+            FakeGroup(small_group, small, p95_ms=100),
         ):
             env = router_env(
                 inbox,
@@ -219,11 +226,11 @@ async def api_and_sla(
             )
             services.enter_context(scraped("router", router_port))
             small_work = topics.work_topic(small_group)
-            before = await topic_end_offsets(bootstrap, small_work)
-            await publish_shards(bootstrap, inbox, shards_for(unique("run-obs"), big, 4, opt_in=True))
+            before = await topic_end_offsets(small_work)
+            await publish_shards(inbox, shards_for(unique("run-obs"), big, 4, opt_in=True))
 
             async def fell_back() -> list[Shard] | None:
-                records = await read_topic_since(bootstrap, small_work, before)
+                records = await read_topic_since(small_work, before)
                 shards = [decode(v, Shard) for _, v, _ in records]
                 return shards if len(shards) == 4 else None
 

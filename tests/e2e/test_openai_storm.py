@@ -16,7 +16,7 @@ from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import arithmetic_items, evalctl, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider, storm
 from tests.fakes.worker_metrics import metric_total
-from tests.support import unique
+from tests.support import admin_settings, unique
 
 pytestmark = pytest.mark.stack
 
@@ -28,7 +28,7 @@ async def test_429_storm_slows_the_run_but_loses_and_duplicates_nothing(
     stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path: Path
 ) -> None:
     group = unique("openai")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     items = arithmetic_items(ITEMS, prefix=unique("s"))
     with FakeProvider() as provider:
         worker, port = spawn(

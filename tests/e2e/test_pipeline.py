@@ -29,7 +29,15 @@ from tests.e2e.helpers import (
     submit_wait,
     write_jsonl,
 )
-from tests.support import STACK, read_topic_since, topic_end_offsets, unique, upload_dataset, wait_until
+from tests.support import (
+    STACK,
+    admin_settings,
+    read_topic_since,
+    topic_end_offsets,
+    unique,
+    upload_dataset,
+    wait_until,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -72,7 +80,7 @@ async def test_rejected_dataset_publishes_nothing(
         '{"id": "a", "question": "3+3?", "answer": "6"}\n'
     )
     watched = [topics.SHARDS, topics.RESULTS, topics.work_topic(stack.worker_group)]
-    before = {t: await topic_end_offsets(stack.kafka_bootstrap, t) for t in watched}
+    before = {t: await topic_end_offsets(t) for t in watched}
     # 1) through evalctl: refused locally, naming the lines, exit code 2
     proc = evalctl("submit", str(bad), check=False)
     assert proc.returncode == 2
@@ -98,8 +106,8 @@ async def test_rejected_dataset_publishes_nothing(
         60,
         what="the producer to consume the jobs",
     )
-    after = {t: await topic_end_offsets(stack.kafka_bootstrap, t) for t in watched}
-    new_shards = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, before[topics.SHARDS])
+    after = {t: await topic_end_offsets(t) for t in watched}
+    new_shards = await read_topic_since(topics.SHARDS, before[topics.SHARDS])
     assert not [v for _, v, _ in new_shards if run_id.encode() in v]
     assert after[topics.SHARDS] == before[topics.SHARDS] or new_shards  # nothing of ours, whatever else ran
     assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id) == 0
@@ -116,7 +124,7 @@ async def test_rejected_dataset_publishes_nothing(
 async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
 ) -> None:
-    start = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
+    start = await topic_end_offsets(topics.SHARDS)
     items = arithmetic_items(2000, prefix="k")
     name = unique("aggregator-kill")
     proc = subprocess.Popen(
@@ -166,17 +174,13 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["run_id"] == run_id
     # publish one of its shards again, as a producer retry would
-    shards = [
-        (k, v)
-        for k, v, _ in await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, start)
-        if run_id.encode() in v
-    ]
+    shards = [(k, v) for k, v, _ in await read_topic_since(topics.SHARDS, start) if run_id.encode() in v]
     assert len(shards) == 100
-    results_before = await topic_end_offsets(stack.kafka_bootstrap, topics.RESULTS)
+    results_before = await topic_end_offsets(topics.RESULTS)
     await kafka_producer.send_and_wait(topics.SHARDS, shards[7][1], key=shards[7][0])
 
     async def reprocessed() -> bool:
-        new = await read_topic_since(stack.kafka_bootstrap, topics.RESULTS, results_before)
+        new = await read_topic_since(topics.RESULTS, results_before)
         return any(decode(shards[7][1], Shard).shard_id.encode() in v for _, v, _ in new)
 
     await wait_until(reprocessed, 60, what="the duplicate shard to be processed again")
@@ -194,14 +198,14 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
 async def _no_lag(stack: Settings, group: str, topic: str) -> bool:
     from evalstream.common.lag import group_lag
 
-    return sum((await group_lag(stack.kafka_bootstrap, group, topic)).values()) == 0
+    return sum((await group_lag(admin_settings(), group, topic)).values()) == 0
 
 
 @pytest.fixture
 def chaos_group(stack: Settings, spawn):
     """A worker group of its own whose null engine fails some items on purpose."""
     group = unique("chaos")
-    asyncio.run(ensure_topics(stack.kafka_bootstrap, [group]))
+    asyncio.run(ensure_topics(admin_settings(), [group]))
     faults = "transient=0.3,permanent=0.1,seed=11"
     proc, port = spawn(
         "evalstream.worker",
@@ -283,7 +287,7 @@ async def test_success_after_redrive_replaces_recorded_failure(
     stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer, spawn
 ) -> None:
     group = unique("flaky")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     faults = "transient=0,permanent=0.2,seed=5"
     proc, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="null", ENGINE_FAULTS=faults)
     await asyncio.to_thread(proc.wait_healthy, port)

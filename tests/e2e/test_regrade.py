@@ -25,7 +25,7 @@ from evalstream.common.settings import SERVICE_PORTS, Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import EVALCTL, ROOT, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider
-from tests.support import read_topic_since, topic_end_offsets, unique, wait_until
+from tests.support import admin_settings, read_topic_since, topic_end_offsets, unique, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -78,7 +78,7 @@ async def original(stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path
     """A completed run graded with `exact`, on a replay worker group of its own, which also
     grades its regrades (its operator allows judges of any OpenAI-compatible endpoint)."""
     group = unique("regrade")
-    await ensure_topics(stack.kafka_bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*,openai:*")
     await asyncio.to_thread(worker.wait_healthy, port)
     tag = unique("g")
@@ -165,7 +165,7 @@ async def test_regrade_refuses_bad_graders_before_writing(
 
 
 async def control_consumed(stack: Settings) -> bool:
-    lag = await group_lag(stack.kafka_bootstrap, topics.AGGREGATOR_CONTROL_GROUP, topics.CONTROL)
+    lag = await group_lag(admin_settings(), topics.AGGREGATOR_CONTROL_GROUP, topics.CONTROL)
     return bool(lag) and all(n == 0 for n in lag.values())
 
 
@@ -193,11 +193,11 @@ async def test_a_redelivered_regrade_request_adds_nothing(
 
     async def redeliver() -> int:
         """Publishes the request twice; the number of shards of the run published since."""
-        start = await topic_end_offsets(stack.kafka_bootstrap, topics.SHARDS)
+        start = await topic_end_offsets(topics.SHARDS)
         for _ in range(2):
             await kafka_producer.send_and_wait(topics.CONTROL, encode(request), key=new_id.encode())
         await wait_until(lambda: control_consumed(stack), 60, what="the aggregator to read the requests")
-        published = await read_topic_since(stack.kafka_bootstrap, topics.SHARDS, start)
+        published = await read_topic_since(topics.SHARDS, start)
         return sum(key == new_id.encode() for key, _, _ in published)
 
     assert await redeliver() == 0  # the run is completed: nothing to do

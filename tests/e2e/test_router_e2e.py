@@ -30,7 +30,15 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.producer.intake import Intake
 from tests.e2e.helpers import arithmetic_items, result_rows, run_status, write_jsonl
-from tests.support import read_topic_since, topic_end_offsets, unique, upload_dataset, wait_until
+from tests.support import (
+    admin_kafka,
+    admin_settings,
+    read_topic_since,
+    topic_end_offsets,
+    unique,
+    upload_dataset,
+    wait_until,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -39,8 +47,8 @@ pytestmark = pytest.mark.stack
 # (bench/router_lag.py uses them too)
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int = 3) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def create_topic(name: str, partitions: int = 3) -> None:
+    admin = AIOKafkaAdminClient(**admin_kafka())
     await admin.start()
     try:
         if name not in await admin.list_topics():
@@ -69,7 +77,7 @@ async def submit_private(settings: Settings, shards_topic: str, job: JobSpec) ->
     """Creates a run exactly as the producer does, publishing its shards to `shards_topic`."""
     assert job.run_id
     pool = await db.create_pool(settings.database_url, max_size=2)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    producer = AIOKafkaProducer(**admin_kafka(), acks="all")
     await producer.start()
     try:
 
@@ -84,9 +92,9 @@ async def submit_private(settings: Settings, shards_topic: str, job: JobSpec) ->
         await pool.close()
 
 
-async def publish_heartbeats(bootstrap: str, beats: list[Heartbeat | tuple[str, None]]) -> None:
+async def publish_heartbeats(beats: list[Heartbeat | tuple[str, None]]) -> None:
     """Heartbeats (a `(worker_id, None)` pair is a tombstone: routers forget that worker)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(**admin_kafka(), acks="all")
     await producer.start()
     try:
         for hb in beats:
@@ -120,8 +128,8 @@ class FakeGroup:
     """Heartbeats for a group with no worker behind it: its queue only grows, unless the
     test consumes it. Forgotten (tombstoned) at the end."""
 
-    def __init__(self, bootstrap: str, name: str, model: str, p95_ms: float = 100.0) -> None:
-        self.bootstrap, self.name, self.model, self.p95_ms = bootstrap, name, model, p95_ms
+    def __init__(self, name: str, model: str, p95_ms: float = 100.0) -> None:
+        self.name, self.model, self.p95_ms = name, model, p95_ms
         self.task: asyncio.Task[None] | None = None
 
     async def _beat(self) -> None:
@@ -134,18 +142,18 @@ class FakeGroup:
                 device="cpu",
                 latency_p95_ms=self.p95_ms,
             )
-            await publish_heartbeats(self.bootstrap, [hb])
+            await publish_heartbeats([hb])
             await asyncio.sleep(1.0)
 
     async def __aenter__(self) -> FakeGroup:
-        await ensure_topics(self.bootstrap, [self.name])
+        await ensure_topics(admin_settings(), [self.name])
         self.task = asyncio.create_task(self._beat())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         assert self.task
         self.task.cancel()
-        await publish_heartbeats(self.bootstrap, [(f"{self.name}-0", None)])
+        await publish_heartbeats([(f"{self.name}-0", None)])
 
 
 def shards_for(run_id: str, model: str, n: int, opt_in: bool = False) -> list[Shard]:
@@ -165,8 +173,8 @@ def shards_for(run_id: str, model: str, n: int, opt_in: bool = False) -> list[Sh
     ]
 
 
-async def publish_shards(bootstrap: str, topic: str, shards: list[Shard]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+async def publish_shards(topic: str, shards: list[Shard]) -> None:
+    producer = AIOKafkaProducer(**admin_kafka(), acks="all")
     await producer.start()
     try:
         for s in shards:
@@ -181,19 +189,18 @@ async def publish_shards(bootstrap: str, topic: str, shards: list[Shard]) -> Non
 async def test_router_stops_taking_shards_while_every_group_is_saturated(
     stack: Settings, spawn: Any, tmp_path: Path
 ) -> None:
-    bootstrap = stack.kafka_bootstrap
     group, inbox = unique("bp"), unique("eval.shards.bp")
-    await create_topic(bootstrap, inbox)
+    await create_topic(inbox)
     model = f"replay:{tmp_path / 'bp.jsonl'}"  # never loaded: nobody serves it for real
-    async with FakeGroup(bootstrap, group, model):
+    async with FakeGroup(group, model):
         router, port = spawn("evalstream.router", **router_env(inbox, [group], ROUTER_MAX_LAG="3"))
         await asyncio.to_thread(router.wait_healthy, port)
         run_id = unique("run-bp")
-        await publish_shards(bootstrap, inbox, shards_for(run_id, model, 30))
+        await publish_shards(inbox, shards_for(run_id, model, 30))
         work = topics.work_topic(group)
 
         async def routed() -> int:
-            return sum((await topic_end_offsets(bootstrap, work)).values())
+            return sum((await topic_end_offsets(work)).values())
 
         await wait_until(lambda: _at_least(routed, 3), 60, what="the first shards to be routed")
         await asyncio.sleep(3)  # several lag reads later: still exactly the bound, nothing more
@@ -201,13 +208,13 @@ async def test_router_stops_taking_shards_while_every_group_is_saturated(
         assert metric(port, "evalstream_router_backpressure_waiting") == 1.0
         # the backlog stays in Kafka: the router committed the 3 it routed, holds one
         router_group = f"{topics.ROUTER_GROUP}.{inbox}"
-        assert sum((await group_lag(bootstrap, router_group, inbox)).values()) == 27
+        assert sum((await group_lag(admin_settings(), router_group, inbox)).values()) == 27
 
         # Drain as a worker would (commit one shard at a time): the router follows, never
         # letting more than 3 wait on the group.
         consumer = AIOKafkaConsumer(
             work,
-            bootstrap_servers=bootstrap,
+            **admin_kafka(),
             group_id=topics.worker_consumer_group(group),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -244,13 +251,12 @@ async def metric_async(port: int) -> float:
 async def test_sla_fallback_sends_opted_in_runs_to_the_lighter_group_only(
     stack: Settings, spawn: Any, tmp_path: Path
 ) -> None:
-    bootstrap = stack.kafka_bootstrap
     big_group, small_group, inbox = unique("big"), unique("small"), unique("eval.shards.sla")
-    await create_topic(bootstrap, inbox)
+    await create_topic(inbox)
     big, small = f"replay:{tmp_path / 'big.jsonl'}", f"replay:{tmp_path / 'small.jsonl'}"
     async with (
-        FakeGroup(bootstrap, big_group, big, p95_ms=60_000),  # every heartbeat violates the SLA
-        FakeGroup(bootstrap, small_group, small, p95_ms=100),
+        FakeGroup(big_group, big, p95_ms=60_000),  # every heartbeat violates the SLA
+        FakeGroup(small_group, small, p95_ms=100),
     ):
         env = router_env(
             inbox,
@@ -261,18 +267,14 @@ async def test_sla_fallback_sends_opted_in_runs_to_the_lighter_group_only(
         )
         router, port = spawn("evalstream.router", **env)
         await asyncio.to_thread(router.wait_healthy, port)
-        before = {
-            g: await topic_end_offsets(bootstrap, topics.work_topic(g)) for g in (big_group, small_group)
-        }
+        before = {g: await topic_end_offsets(topics.work_topic(g)) for g in (big_group, small_group)}
         opted, plain = unique("run-opt"), unique("run-plain")
-        await publish_shards(
-            bootstrap, inbox, shards_for(opted, big, 4, opt_in=True) + shards_for(plain, big, 4)
-        )
+        await publish_shards(inbox, shards_for(opted, big, 4, opt_in=True) + shards_for(plain, big, 4))
 
         async def landed() -> dict[str, list[Shard]]:
             out = {}
             for g in (big_group, small_group):
-                recs = await read_topic_since(bootstrap, topics.work_topic(g), before[g])
+                recs = await read_topic_since(topics.work_topic(g), before[g])
                 out[g] = [decode(v, Shard) for _, v, _ in recs]
             return out if sum(map(len, out.values())) >= 8 else {}
 
@@ -286,10 +288,9 @@ async def test_sla_fallback_sends_opted_in_runs_to_the_lighter_group_only(
 async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
     stack: Settings, spawn: Any, pg: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    bootstrap = stack.kafka_bootstrap
     doomed, survivor, inbox = unique("doomed"), unique("survivor"), unique("eval.shards.kill")
-    await ensure_topics(bootstrap, [doomed, survivor])
-    await create_topic(bootstrap, inbox)
+    await ensure_topics(admin_settings(), [doomed, survivor])
+    await create_topic(inbox)
     items = arithmetic_items(600, prefix="k")
     model = replay_answers(tmp_path / "answers.jsonl", items)
     timeout_s = 3.0
@@ -314,7 +315,7 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
     router, port = spawn("evalstream.router", **env)
     for proc, p in [*workers.values(), (router, port)]:
         await asyncio.to_thread(proc.wait_healthy, p)
-    starts = {g: await topic_end_offsets(bootstrap, topics.work_topic(g)) for g in (doomed, survivor)}
+    starts = {g: await topic_end_offsets(topics.work_topic(g)) for g in (doomed, survivor)}
     try:
         run_id = unique("run-kill")
         job = JobSpec(
@@ -329,7 +330,7 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
 
         async def doomed_has_a_backlog() -> bool:
             done = await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id)
-            return done >= 60 and sum((await group_lag(bootstrap, cgroup, work)).values()) > 0
+            return done >= 60 and sum((await group_lag(admin_settings(), cgroup, work)).values()) > 0
 
         await wait_until(doomed_has_a_backlog, 60, interval=0.2, what="the doomed group to be busy")
         for name in (f"{doomed}-0", f"{doomed}-1"):
@@ -338,19 +339,19 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
 
         # No new shard goes to the dead group once its heartbeats are older than the timeout.
         await asyncio.sleep(max(0.0, killed_at + timeout_s + 1.5 - time.time()))
-        doomed_end = await topic_end_offsets(bootstrap, topics.work_topic(doomed))
+        doomed_end = await topic_end_offsets(topics.work_topic(doomed))
 
         await wait_completed(pg, run_id, 180)
         rows = await result_rows(pg, run_id)
         assert len(rows) == 600 and {r["item_id"] for r in rows} == {it["id"] for it in items}
         assert all(r["error"] is None and r["correct"] for r in rows)
-        assert await topic_end_offsets(bootstrap, topics.work_topic(doomed)) == doomed_end
+        assert await topic_end_offsets(topics.work_topic(doomed)) == doomed_end
 
         # What the dead group had not finished was moved to the survivor and done there.
         sent = {
             g: {
                 decode(v, Shard).shard_id
-                for _, v, _ in await read_topic_since(bootstrap, topics.work_topic(g), starts[g])
+                for _, v, _ in await read_topic_since(topics.work_topic(g), starts[g])
                 if run_id.encode() in v
             }
             for g in (doomed, survivor)
@@ -360,7 +361,7 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
         served = {r["served_by"] for r in rows}
         assert served == {f"{survivor}/{model}", f"{doomed}/{model}"}
     finally:
-        await publish_heartbeats(bootstrap, [(f"{doomed}-{i}", None) for i in range(2)])
+        await publish_heartbeats([(f"{doomed}-{i}", None) for i in range(2)])
 
 
 async def test_a_dead_groups_backlog_parks_at_once_and_returns_when_the_group_does(
@@ -370,14 +371,13 @@ async def test_a_dead_groups_backlog_parks_at_once_and_returns_when_the_group_do
     retry topic right away (only the first waits ROUTER_PARK_AFTER_S), so runs behind them
     move on; when the group is back, the parked shards go to it without waiting out their
     not-before."""
-    bootstrap = stack.kafka_bootstrap
     group, inbox, retry = unique("ghost"), unique("eval.shards.park"), unique("eval.retry.park")
     for topic in (inbox, retry):
-        await create_topic(bootstrap, topic)
+        await create_topic(topic)
     model = f"replay:{tmp_path / 'ghost.jsonl'}"
-    await ensure_topics(bootstrap, [group])
+    await ensure_topics(admin_settings(), [group])
     stale = Heartbeat(worker_id=f"{group}-0", group=group, model=model, ts=time.time() - 600, device="cpu")
-    await publish_heartbeats(bootstrap, [stale])  # known to the router, dead
+    await publish_heartbeats([stale])  # known to the router, dead
     env = router_env(inbox, [group], ROUTER_RETRY_TOPIC=retry, ROUTER_PARK_AFTER_S="3", ROUTER_MAX_LAG="100")
     router, port = spawn("evalstream.router", **env)
     try:
@@ -385,30 +385,30 @@ async def test_a_dead_groups_backlog_parks_at_once_and_returns_when_the_group_do
         run_id = unique("run-park")
         shards = shards_for(run_id, model, 40)
         shards = [msgspec.structs.replace(s, worker_group=group) for s in shards]
-        await publish_shards(bootstrap, inbox, shards)
+        await publish_shards(inbox, shards)
 
         async def parked() -> int:
-            return sum((await topic_end_offsets(bootstrap, retry)).values())
+            return sum((await topic_end_offsets(retry)).values())
 
         # One shard every ROUTER_PARK_AFTER_S (the old bug) would take 120 s: the deadline is
         # below that, with room for a busy machine.
         await wait_until(lambda: _at_least(parked, 40), 90, what="the backlog to be parked")
         router_group = f"{topics.ROUTER_GROUP}.{inbox}"
-        assert sum((await group_lag(bootstrap, router_group, inbox)).values()) == 0
+        assert sum((await group_lag(admin_settings(), router_group, inbox)).values()) == 0
 
         # The group comes back: every parked shard is routed to it within a few seconds,
         # though each was parked with a not-before of 5 s or more.
         work = topics.work_topic(group)
-        async with FakeGroup(bootstrap, group, model):
+        async with FakeGroup(group, model):
 
             async def routed() -> int:
-                return sum((await topic_end_offsets(bootstrap, work)).values())
+                return sum((await topic_end_offsets(work)).values())
 
             # each was parked with a not-before of 5 s or more; waking on the heartbeat routes
             # them all well before their backoff (up to 30 s) would
             await wait_until(lambda: _at_least(routed, 40), 30, what="the parked shards to be routed")
-        everything = dict.fromkeys(await topic_end_offsets(bootstrap, work), 0)
-        got = {decode(v, Shard).shard_id for _, v, _ in await read_topic_since(bootstrap, work, everything)}
+        everything = dict.fromkeys(await topic_end_offsets(work), 0)
+        got = {decode(v, Shard).shard_id for _, v, _ in await read_topic_since(work, everything)}
         assert got == {s.shard_id for s in shards}
     finally:
-        await publish_heartbeats(bootstrap, [(f"{group}-0", None)])
+        await publish_heartbeats([(f"{group}-0", None)])

@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from evalstream.common.settings import Settings
 from tests.e2e.helpers import ROOT, arithmetic_items, write_jsonl
-from tests.support import unique
+from tests.support import admin_kafka, unique
 
 pytestmark = pytest.mark.stack
 
@@ -103,7 +103,7 @@ def collector() -> Iterator[Collector]:
 
 
 async def _delete_topics(bootstrap: str, prefix: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**admin_kafka())
     await admin.start()
     try:
         ours = [t for t in await admin.list_topics() if t.startswith(prefix)]

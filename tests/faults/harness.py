@@ -31,6 +31,7 @@ from aiokafka.partitioner import murmur2
 from prometheus_client.parser import text_string_to_metric_families
 
 from evalstream.common import storage, topics
+from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import topic_partitions
 from evalstream.common.messages import (
     GenerationParams,
@@ -43,7 +44,16 @@ from evalstream.common.messages import (
 )
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from tests.faults.checker import LogRecord, Outcome, RunCounters, RunHistory, Verdict, check
-from tests.support import ROOT, STACK, read_records, stack_cmd, unique, upload_dataset, wait_until
+from tests.support import (
+    ROOT,
+    STACK,
+    admin_kafka,
+    read_records,
+    stack_cmd,
+    unique,
+    upload_dataset,
+    wait_until,
+)
 from tests.support import topic_end_offsets as end_offsets
 
 # make test-faults runs the large sizes (1.0); make test runs every scenario scaled down.
@@ -155,7 +165,7 @@ async def submit(
     )
     deadline = time.monotonic() + 300
     while True:
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+        producer = AIOKafkaProducer(**client_kwargs(settings), acks="all")  # the users' principal
         try:
             await producer.start()
             await producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
@@ -245,10 +255,10 @@ class TimedRecord:
     timestamp: float  # unix seconds (the record's create time)
 
 
-async def committed_offsets(bootstrap: str, work_topic: str) -> dict[int, int]:
+async def committed_offsets(work_topic: str) -> dict[int, int]:
     """The offsets a worker group has committed on its work topic (0 where none yet)."""
     group = topics.worker_consumer_group(work_topic.removeprefix(topics.WORK_PREFIX))
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**admin_kafka(), group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
         out = {}
@@ -360,7 +370,7 @@ class Scenario:
 
     async def begin(self) -> Scenario:
         for topic in (topics.RESULTS, topics.DLQ, self.work_topic):
-            self.offsets[topic] = await end_offsets(self.settings.kafka_bootstrap, topic)
+            self.offsets[topic] = await end_offsets(topic)
         pid = alive_pid("aggregator")
         if pid is not None:
             self.baselines[pid] = {}  # runs not yet submitted: it counts all their rows
@@ -419,21 +429,18 @@ class Scenario:
         now: the shards workers may be working on (up to `batch_window` records past their
         group's committed offset, per partition: a batch holds at most WORKER_MAX_SHARDS)
         and the results published but perhaps not yet recorded."""
-        bootstrap = self.settings.kafka_bootstrap
-        committed = await committed_offsets(bootstrap, self.work_topic)
+        committed = await committed_offsets(self.work_topic)
         self.work_window = (committed, {p: off + batch_window for p, off in committed.items()})
-        self.results_at_fault = await end_offsets(bootstrap, topics.RESULTS)
+        self.results_at_fault = await end_offsets(topics.RESULTS)
         self.fault_begin = time.time()
 
     async def in_flight_at_fault(self) -> set[tuple[str, str]]:
         assert self.work_window is not None and self.results_at_fault is not None
-        bootstrap, runs = self.settings.kafka_bootstrap, set(self.runs)
+        runs = set(self.runs)
         start, end = self.work_window
-        working = shard_records(await read_records(bootstrap, self.work_topic, start, end), runs)
+        working = shard_records(await read_records(self.work_topic, start, end), runs)
         published = result_records(
-            await read_records(
-                bootstrap, topics.RESULTS, self.offsets[topics.RESULTS], self.results_at_fault
-            ),
+            await read_records(topics.RESULTS, self.offsets[topics.RESULTS], self.results_at_fault),
             runs,
         )
         return {(t.run_id, i) for t in working + published for i in t.record.item_ids}
@@ -481,12 +488,8 @@ class Scenario:
     async def histories(self) -> tuple[list[RunHistory], list[TimedRecord]]:
         s = self.settings
         run_ids = set(self.runs)
-        results = result_records(
-            await read_records(s.kafka_bootstrap, topics.RESULTS, self.offsets[topics.RESULTS]), run_ids
-        )
-        dead = shard_records(
-            await read_records(s.kafka_bootstrap, topics.DLQ, self.offsets[topics.DLQ]), run_ids
-        )
+        results = result_records(await read_records(topics.RESULTS, self.offsets[topics.RESULTS]), run_ids)
+        dead = shard_records(await read_records(topics.DLQ, self.offsets[topics.DLQ]), run_ids)
         rows = await _rows(s, list(run_ids))
         runs = await _runs(s, list(run_ids))
         parquet = await asyncio.to_thread(_parquet, s, sorted(run_ids))

@@ -35,7 +35,7 @@ from evalstream.common.settings import SERVICE_PORTS, Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.faults.harness import PORT_OFFSET, Scenario, scaled, stack_cmd, wait_for
 from tests.faults.test_scenarios import DEADLINE_S, Group, verdict
-from tests.support import ServiceProcess, host_env, read_records, stack_hosts
+from tests.support import ServiceProcess, admin_settings, host_env, read_records, stack_hosts
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults, pytest.mark.hosts]
 
@@ -66,7 +66,7 @@ class HostGroup(Group):
         self.on_host: dict[str, str] = {}  # worker id -> host name
 
     async def start_on(self, settings: Settings, machine: dict[str, Any], *, via_proxy: bool = False) -> None:
-        await ensure_topics(settings.kafka_bootstrap, [self.name])
+        await ensure_topics(admin_settings(), [self.name])
         worker_id = f"{self.name}-{machine['name']}-{len(self.workers)}"
         port = PORT_BASE + len(self.workers)
         env = {
@@ -111,7 +111,7 @@ def host_group(tmp_path: Path) -> Iterator[HostGroup]:
 
 async def items_by_worker(sc: Scenario, since: float | None = None) -> dict[str, int]:
     """Items each worker published results for during the scenario (after `since`, unix s)."""
-    records = await read_records(sc.settings.kafka_bootstrap, topics.RESULTS, sc.offsets[topics.RESULTS])
+    records = await read_records(topics.RESULTS, sc.offsets[topics.RESULTS])
     out: dict[str, int] = {}
     for r in records:
         result = decode(r.value or b"", ShardResult)

@@ -43,7 +43,7 @@ from tests.faults.harness import (
     stack_cmd,
     wait_for,
 )
-from tests.support import ServiceProcess, unique
+from tests.support import ServiceProcess, admin_kafka, admin_settings, unique
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
@@ -79,7 +79,7 @@ class Group:
         return topics.work_topic(self.name)
 
     async def start(self, settings: Settings, n: int = 1, **env: str) -> None:
-        await ensure_topics(settings.kafka_bootstrap, [self.name])
+        await ensure_topics(admin_settings(), [self.name])
         for _ in range(n):
             proc, port = self.spawn("evalstream.worker", **{**self.env, **env})
             await asyncio.to_thread(proc.wait_healthy, port)
@@ -87,7 +87,7 @@ class Group:
 
     async def members(self, settings: Settings) -> int:
         """Members of the group's Kafka consumer group, as the broker sees them now."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(**admin_kafka())
         await admin.start()
         try:
             described = await admin.describe_consumer_groups([topics.worker_consumer_group(self.name)])
@@ -145,7 +145,7 @@ async def results_piling_up(sc: Scenario, at_least: int, timeout: float = 180) -
     start = sc.results_at_fault or {}  # counted from the fault's beginning
 
     async def piled() -> bool:
-        now = await end_offsets(sc.settings.kafka_bootstrap, topics.RESULTS)
+        now = await end_offsets(topics.RESULTS)
         return sum(now.values()) - sum(start.values()) >= at_least
 
     await wait_for(piled, timeout, f"{at_least} results published during the outage")
@@ -302,7 +302,7 @@ async def test_08_poison_message_on_every_topic(stack: Settings, group: Group, t
         topics.HEARTBEATS,
     ]
     sc = await scenario("08 poison message on every topic", stack, group)
-    producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all")
+    producer = AIOKafkaProducer(**admin_kafka(), acks="all")
     await producer.start()
     try:
         for topic in targets:  # on every partition the runs use
@@ -387,17 +387,17 @@ async def test_10_kill_9_producer_while_publishing(stack: Settings, spawn, tmp_p
     group = Group(spawn, delay_ms=0)  # the engine is not the point here: publishing is
     await group.start(stack)
     sc = await scenario("10 kill -9 producer while publishing", stack, group)
-    before = sum((await end_offsets(stack.kafka_bootstrap, topics.SHARDS)).values())
+    before = sum((await end_offsets(topics.SHARDS)).values())
     big = scaled(20000, 2000)
     await sc.submit_spread(tmp_path, group.name, [big, *sizes(base=(2000, 1000, 500))], "prod", shard_size=5)
 
     async def publishing() -> bool:
-        return sum((await end_offsets(stack.kafka_bootstrap, topics.SHARDS)).values()) - before >= 200
+        return sum((await end_offsets(topics.SHARDS)).values()) - before >= 200
 
     await wait_for(publishing, 180, "200 shards published")
     await sc.fault_begins()
     kill("producer")
-    published = sum((await end_offsets(stack.kafka_bootstrap, topics.SHARDS)).values()) - before
+    published = sum((await end_offsets(topics.SHARDS)).values()) - before
     assert published < -(-sum(len(r.ids) for r in sc.runs.values()) // 5), (
         "killed after publishing everything"
     )

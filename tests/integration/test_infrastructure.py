@@ -16,18 +16,18 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from evalstream.common import storage, topics
 from evalstream.common.lag import topic_partitions
 from evalstream.common.settings import Settings
-from tests.support import PROMETHEUS_URL
+from tests.support import PROMETHEUS_URL, admin_kafka
 
 pytestmark = pytest.mark.stack
 
 
 async def test_kafka_consumer_group_commits_and_reads_back_offset(stack: Settings) -> None:
     topic, group = f"test.roundtrip.{uuid.uuid4().hex[:8]}", f"test-group-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=stack.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(**admin_kafka())
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, 2, 1)])
-        producer = AIOKafkaProducer(bootstrap_servers=stack.kafka_bootstrap, acks="all")
+        producer = AIOKafkaProducer(**admin_kafka(), acks="all")
         await producer.start()
         try:
             for i in range(5):
@@ -36,7 +36,7 @@ async def test_kafka_consumer_group_commits_and_reads_back_offset(stack: Setting
             await producer.stop()
         consumer = AIOKafkaConsumer(
             topic,
-            bootstrap_servers=stack.kafka_bootstrap,
+            **admin_kafka(),
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -59,7 +59,7 @@ async def test_kafka_consumer_group_commits_and_reads_back_offset(stack: Setting
 
 
 async def test_pipeline_topics_exist_with_partitions(stack: Settings) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=stack.kafka_bootstrap)
+    consumer = AIOKafkaConsumer(**admin_kafka())
     await consumer.start()
     try:
         for spec in topics.BASE_TOPICS:

@@ -17,10 +17,11 @@ from aiokafka import AIOKafkaConsumer
 
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import topics
+from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import topic_partitions
 from evalstream.common.messages import Heartbeat, decode
 from evalstream.common.reports import summarise
-from evalstream.common.settings import Settings
+from evalstream.common.settings import KafkaSettings, Settings
 
 
 @asynccontextmanager
@@ -139,9 +140,9 @@ def print_report(s: dict[str, Any]) -> None:
     print(f"  dataset {s['dataset_sha256']}  manifest {s['manifest_sha256']}")
 
 
-async def read_heartbeats(bootstrap: str) -> list[Heartbeat]:
+async def read_heartbeats(settings: KafkaSettings) -> list[Heartbeat]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        **client_kwargs(settings), enable_auto_commit=False, auto_offset_reset="earliest"
     )
     await consumer.start()
     latest: dict[str, Heartbeat] = {}

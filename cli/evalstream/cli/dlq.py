@@ -55,7 +55,7 @@ async def request_redrive(conn: asyncpg.Connection, settings: Settings, run_id: 
     pending = """SELECT count(*) FROM dead_letters
                  WHERE run_id = $1 AND redriven_at IS NULL AND created_at <= $2"""
     letters = await conn.fetchval(pending, run_id, asked_at)
-    await publish_traced(settings.kafka_bootstrap, topics.CONTROL, Redrive(run_id=run_id), run_id)
+    await publish_traced(settings, topics.CONTROL, Redrive(run_id=run_id), run_id)
     deadline = time.monotonic() + REDRIVE_WAIT_S
     while await conn.fetchval(pending, run_id, asked_at):
         if time.monotonic() > deadline:

@@ -18,6 +18,8 @@ from minio.error import MinioException
 
 from evalstream.cli.common import fail
 from evalstream.common import telemetry
+from evalstream.common.kafka_security import KafkaSecurityError
+from evalstream.common.redact import redact
 from evalstream.common.settings import Settings
 
 # One module per command (or command group), in `--help` order. Each defines
@@ -59,8 +61,10 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(args.handler(args, settings))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except KafkaSecurityError as exc:
+        fail(str(exc))
     except (OSError, asyncpg.PostgresError, KafkaError, MinioException, urllib3.exceptions.HTTPError) as exc:
-        fail(f"{type(exc).__name__}: {exc} (is the stack up? `make up`)")
+        fail(redact(f"{type(exc).__name__}: {exc} (is the stack up? `make up`)"))
     finally:
         telemetry.shutdown()
 

@@ -89,7 +89,7 @@ async def cmd_regrade(args: argparse.Namespace, settings: Settings) -> None:
     new_id = new_run_id()
     request = Regrade(run_id=args.run, new_run_id=new_id, grader=grader, worker_group=args.worker_group)
     started = time.monotonic()
-    await publish_traced(settings.kafka_bootstrap, topics.CONTROL, request, new_id)
+    await publish_traced(settings, topics.CONTROL, request, new_id)
     print(f"regrading {args.run} as {new_id} with {grader}", file=sys.stderr)
     summary = await wait_for_run(settings, new_id, timeout=args.timeout, quiet=args.json)
     changed, newly_failed = await verdicts_changed(settings, args.run, new_id)

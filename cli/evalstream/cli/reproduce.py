@@ -150,7 +150,7 @@ async def serving_groups(settings: Settings, model: str) -> list[str]:
     return sorted(
         {
             hb.group
-            for hb in await read_heartbeats(settings.kafka_bootstrap)
+            for hb in await read_heartbeats(settings)
             if fleet.is_live(hb, now, settings.router_heartbeat_timeout_s) and serves(hb.model, model)
         }
     )
@@ -251,7 +251,7 @@ async def cmd_reproduce(args: argparse.Namespace, settings: Settings) -> None:
     if plan.job is None:
         fail(f"cannot reproduce {args.run}:\n  " + "\n  ".join(plan.blockers), EXIT_REJECTED)
     assert plan.job is not None
-    await publish_job(settings.kafka_bootstrap, plan.job)
+    await publish_job(settings, plan.job)
     print(f"submitted {run_id}: reproduction of {args.run}, model {req.model}", file=sys.stderr)
     if not args.wait:
         if args.json:

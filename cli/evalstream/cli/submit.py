@@ -68,7 +68,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     )
     run_id = new_run_id()
     job = msgspec.structs.replace(job, dataset=f"s3://{settings.s3_bucket_datasets}/{key}", run_id=run_id)
-    await publish_job(settings.kafka_bootstrap, job)
+    await publish_job(settings, job)
     print(f"submitted {run_id}: {len(loaded.items)} items, model {job.model}", file=sys.stderr)
     if not args.wait:
         if args.json:

@@ -65,16 +65,13 @@ def worker_group_row(
 async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
     now = time.time()
     by_group: dict[str, list[Heartbeat]] = {}
-    for hb in await read_heartbeats(settings.kafka_bootstrap):
+    for hb in await read_heartbeats(settings):
         by_group.setdefault(hb.group, []).append(hb)
     shown = {
         g: beats for g, beats in by_group.items() if args.all or now - max(b.ts for b in beats) < RECENT_S
     }
     lags = await asyncio.gather(
-        *(
-            group_lag(settings.kafka_bootstrap, topics.worker_consumer_group(g), topics.work_topic(g))
-            for g in shown
-        )
+        *(group_lag(settings, topics.worker_consumer_group(g), topics.work_topic(g)) for g in shown)
     )
     rows = [
         worker_group_row(beats, lag, now, settings.router_heartbeat_timeout_s, settings.router_max_lag)

@@ -38,11 +38,15 @@ PROXY_KAFKA_PORT, TOXIPROXY_PORT = 9095 + OFFSET, 8474 + OFFSET
 TOXIPROXY_VERSION = "v2.5.0"
 
 
-def client_env() -> dict[str, str]:
-    """How services and tests reach this stack (the settings' names)."""
+def client_env(principal: str = "user") -> dict[str, str]:
+    """How a client acting as Kafka `principal` (acls.py: a service's name, "user" for
+    evalctl and tests, "admin") reaches this stack (the settings' names)."""
+    from localstack.credentials import database_url, kafka_env
+
     return {
         "KAFKA_BOOTSTRAP": f"127.0.0.1:{KAFKA_PORT}",
-        "DATABASE_URL": f"postgresql://evalstream:evalstream@127.0.0.1:{PG_PORT}/evalstream",
+        **kafka_env(principal),
+        "DATABASE_URL": database_url(PG_PORT),
         "S3_ENDPOINT": f"http://127.0.0.1:{S3_PORT}",
         "PROMETHEUS_URL": f"http://127.0.0.1:{PROM_PORT}",
         "EVALSTREAM_STACK": str(STACK),

@@ -1,8 +1,11 @@
-"""The Kafka broker (KRaft, single node): its configuration, storage format and health."""
+"""The Kafka broker (KRaft, single node): its configuration (SASL on every listener, ACLs
+enforced), storage format (with the SCRAM users) and health."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
+import time
 from pathlib import Path
 
 from localstack import hosts
@@ -13,25 +16,99 @@ from localstack.config import (
     KAFKA_PROXIED_PORT,
     PROXY_KAFKA_PORT,
     STACK,
+    log,
     port_open,
     run,
 )
+from localstack.credentials import ADMIN, KAFKA_MECHANISM, KAFKA_PRINCIPALS, kafka_password
 from localstack.installs import kafka_libs
+
+
+def listeners() -> dict[str, tuple[str, int]]:
+    """The broker's listeners: name -> (host, port). CLIENT serves every client (and the
+    broker's own inter-broker traffic), CONTROLLER the KRaft quorum. `up --hosts N` adds the
+    hosts' listeners (add_host_listeners), which copy CLIENT's SASL settings."""
+    return {"CLIENT": ("127.0.0.1", KAFKA_PORT), "CONTROLLER": ("127.0.0.1", KAFKA_CONTROLLER_PORT)}
+
+
+def _jaas(module: str, user: str, password: str, *, accept: bool = False) -> str:
+    server_side = f' user_{user}="{password}"' if accept else ""
+    return f'{module} required username="{user}" password="{password}"{server_side};'
+
+
+def security_config() -> str:
+    """Listeners and their security. Every listener takes SASL: clients SCRAM-SHA-512 with
+    the credentials stored in the cluster's metadata (made at format time), the controller
+    listener PLAIN with the admin's password only (KRaft cannot check SCRAM there, since the
+    credentials live in the metadata the controller serves). Nobody unauthenticated gets a
+    principal, and the admin is the only super user; everyone else has the ACLs of acls.py."""
+    admin = kafka_password(ADMIN)
+    names = listeners()
+    clients = [n for n in names if n != "CONTROLLER"]
+    lines = [
+        "listeners=" + ",".join(f"{n}://{h}:{p}" for n, (h, p) in names.items()),
+        "advertised.listeners=" + ",".join(f"{n}://{names[n][0]}:{names[n][1]}" for n in clients),
+        "listener.security.protocol.map=" + ",".join(f"{n}:SASL_PLAINTEXT" for n in names),
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=CLIENT",
+        f"sasl.enabled.mechanisms={KAFKA_MECHANISM}",
+        f"sasl.mechanism.inter.broker.protocol={KAFKA_MECHANISM}",
+        "sasl.mechanism.controller.protocol=PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config="
+        + _jaas("org.apache.kafka.common.security.plain.PlainLoginModule", ADMIN, admin, accept=True),
+        *(
+            f"listener.name.{n.lower()}.{KAFKA_MECHANISM.lower()}.sasl.jaas.config="
+            + _jaas("org.apache.kafka.common.security.scram.ScramLoginModule", ADMIN, admin)
+            for n in clients
+        ),
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        f"super.users=User:{ADMIN}",
+        "allow.everyone.if.no.acl.found=false",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _scram_fingerprint() -> str:
+    """What the storage was formatted with: a hash of the quorum's form and of every
+    principal and its password. (A storage formatted with --standalone lost its SCRAM
+    credentials at the broker's first restart: the local stack uses static voters.)"""
+    text = "controller.quorum.voters\n" + "".join(f"{p}={kafka_password(p)}\n" for p in KAFKA_PRINCIPALS)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def kafka_config_current() -> bool:
+    """Whether the broker's storage and configuration are this stack's SASL/SCRAM ones (a
+    broker started before authentication came in must be restarted by `up`)."""
+    d = STACK / "kafka"
+    marker, config = d / "scram.sha256", d / "server.properties"
+    text = config.read_text() if config.exists() else ""
+    return (
+        marker.exists()
+        and marker.read_text().strip() == _scram_fingerprint()
+        and f"super.users=User:{ADMIN}" in text
+        and _jaas(
+            "org.apache.kafka.common.security.plain.PlainLoginModule",
+            ADMIN,
+            kafka_password(ADMIN),
+            accept=True,
+        )
+        in text
+    )
 
 
 def kafka_prepare() -> None:
     d = STACK / "kafka"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "server.properties").write_text(f"""\
+    d.chmod(0o700)  # server.properties holds the admin's password
+    config = d / "server.properties"
+    config.touch(mode=0o600)
+    config.chmod(0o600)
+    config.write_text(f"""\
 process.roles=broker,controller
 node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:{KAFKA_CONTROLLER_PORT}
-listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT},CONTROLLER://127.0.0.1:{KAFKA_CONTROLLER_PORT}
-advertised.listeners=PLAINTEXT://127.0.0.1:{KAFKA_PORT}
-controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
-log.dirs={d / "data"}
+controller.quorum.voters=1@127.0.0.1:{KAFKA_CONTROLLER_PORT}
+{security_config()}log.dirs={d / "data"}
 num.partitions=1
 auto.create.topics.enable=false
 offsets.topic.replication.factor=1
@@ -44,7 +121,7 @@ group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 """)
     if hosts.configured():
-        add_host_listeners(d / "server.properties")
+        add_host_listeners(config)  # they copy the CLIENT listener's SASL settings
     (d / "log4j2.properties").write_text("""\
 status = warn
 appender.console.type = Console
@@ -57,28 +134,50 @@ logger.kafka.name = org.apache.kafka
 logger.kafka.level = WARN
 logger.state.name = state.change.logger
 logger.state.level = WARN
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = WARN
 """)
-    if not (d / "data" / "meta.properties").exists():
-        cp = f"{kafka_libs()}/*"
-        cluster_id = run(
-            ["java", "-cp", cp, "kafka.tools.StorageTool", "random-uuid"], stdout=subprocess.PIPE
-        ).stdout.strip()
-        run(
-            [
-                "java",
-                "-cp",
-                cp,
-                f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
-                "kafka.tools.StorageTool",
-                "format",
-                "--standalone",
-                "-t",
-                cluster_id,
-                "-c",
-                str(d / "server.properties"),
-            ],
-            stdout=subprocess.DEVNULL,
+    marker = d / "scram.sha256"
+    fingerprint = _scram_fingerprint()
+    if (d / "data" / "meta.properties").exists():
+        if marker.exists() and marker.read_text().strip() == fingerprint:
+            return
+        # Formatted before authentication came in (or with other passwords): SCRAM users
+        # can only be added at format time, so the broker's storage is formatted again. The
+        # old log is kept aside, never deleted; PostgreSQL and S3 keep their data.
+        aside = d / f"data-before-scram-{time.strftime('%Y%m%d-%H%M%S')}"
+        (d / "data").rename(aside)
+        log(
+            f"Kafka's storage had no SCRAM users for this stack's passwords: formatting it again "
+            f"(topics are re-created; runs in flight in the old log will not finish). Old log kept in "
+            f"{aside} - delete it when you no longer need it."
         )
+    cp = f"{kafka_libs()}/*"
+    cluster_id = run(
+        ["java", "-cp", cp, "kafka.tools.StorageTool", "random-uuid"], stdout=subprocess.PIPE
+    ).stdout.strip()
+    scram = [
+        arg
+        for p in KAFKA_PRINCIPALS
+        for arg in ("--add-scram", f"{KAFKA_MECHANISM}=[name={p},password={kafka_password(p)}]")
+    ]
+    run(
+        [
+            "java",
+            "-cp",
+            cp,
+            f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(config),
+            *scram,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    marker.write_text(fingerprint + "\n")
 
 
 def kafka_argv() -> list[str]:

@@ -1,4 +1,9 @@
-"""PostgreSQL from Debian, run as the postgres user (pg_ctl daemonises by itself)."""
+"""PostgreSQL from Debian, run as the postgres user (pg_ctl daemonises by itself).
+
+Authentication (pg_hba.conf, rewritten at every start): TCP connections need a password
+(scram-sha-256), for every role; only the postgres superuser may connect without one, over
+the UNIX socket in the data folder (mode 700) and as the postgres OS user (peer). The
+evalstream role's password is the stack's (credentials.py), set again at every start."""
 
 from __future__ import annotations
 
@@ -8,9 +13,18 @@ import subprocess
 from pathlib import Path
 
 from localstack import hosts
-from localstack.config import PG_PORT, STACK, run, wait_for
+from localstack.config import PG_PORT, STACK, log, run, wait_for
+from localstack.credentials import PG_DB, PG_USER, pg_password
 from localstack.installs import pg_bin
 from localstack.proc import Proc
+
+HBA = """\
+# Written by ops/local/localstack/postgres.py at every start: edits are overwritten.
+# TYPE  DATABASE  USER      ADDRESS        METHOD
+local   all       postgres                 peer
+host    all       all       127.0.0.1/32   scram-sha-256
+host    all       all       ::1/128        scram-sha-256
+"""
 
 
 def pg_run(*cmd: str, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -58,7 +72,8 @@ class Postgres(Proc):
                 str(self.data),
                 "-U",
                 "postgres",
-                "--auth=trust",
+                "--auth-local=peer",
+                "--auth-host=scram-sha-256",
                 "-E",
                 "UTF8",
                 "--locale=C.UTF-8",
@@ -67,7 +82,7 @@ class Postgres(Proc):
         self.logfile.touch()
         shutil.chown(self.logfile, "postgres", "postgres")
         listen = "127.0.0.1"
-        allow_hosts_network(self.data / "pg_hba.conf", str(hosts.subnet()) if hosts.configured() else None)
+        self._write_hba()
         if hosts.configured():
             listen += f",{hosts.gateway()}"
         # Loopback (and the hosts' network with --hosts); fsync stays on (durability is what
@@ -88,17 +103,51 @@ class Postgres(Proc):
         )
         return True
 
+    @property
+    def hba(self) -> Path:
+        return self.data / "pg_hba.conf"
+
+    def _write_hba(self) -> bool:
+        """Writes pg_hba.conf (with --hosts, its TCP rules admit the hosts' network too); True
+        if it changed (a running server must reload it)."""
+        before = self.hba.read_text() if self.hba.exists() else None
+        self.hba.write_text(HBA)
+        allow_hosts_network(self.hba, str(hosts.subnet()) if hosts.configured() else None)
+        shutil.chown(self.hba, "postgres", "postgres")
+        self.hba.chmod(0o600)
+        return self.hba.read_text() != before
+
     def wait_healthy(self) -> None:
         wait_for("postgres", self._ready, self.timeout, self.logfile)
-        user, password, db = "evalstream", "evalstream", "evalstream"
-        psql = [str(pg_bin() / "psql"), "-h", "127.0.0.1", "-p", str(PG_PORT), "-U", "postgres", "-qtAc"]
+        user, db = PG_USER, PG_DB
+        # the superuser over the socket in the data folder (peer), never over TCP
+        psql = [str(pg_bin() / "psql"), "-h", str(self.data), "-p", str(PG_PORT), "-U", "postgres", "-qtAc"]
+        if self._write_hba():  # a server started before passwords came in still trusted TCP
+            log("postgres: password authentication on TCP (pg_hba.conf rewritten, reloaded)")
+            pg_run(*psql, "SELECT pg_reload_conf()", stdout=subprocess.DEVNULL)
         if (
             pg_run(
                 *psql, f"SELECT 1 FROM pg_roles WHERE rolname='{user}'", stdout=subprocess.PIPE
             ).stdout.strip()
             != "1"
         ):
-            pg_run(*psql, f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
+            pg_run(*psql, f"CREATE ROLE {user} LOGIN")
+        # The password through stdin, not the command line; SCRAM-hashed by the server.
+        password = pg_password().replace("'", "''")
+        pg_run(
+            str(pg_bin() / "psql"),
+            "-h",
+            str(self.data),
+            "-p",
+            str(PG_PORT),
+            "-U",
+            "postgres",
+            "-qtA",
+            "-v",
+            "ON_ERROR_STOP=1",
+            input=f"SET password_encryption = 'scram-sha-256';\nALTER ROLE {user} LOGIN PASSWORD '{password}';\n",
+            stdout=subprocess.DEVNULL,
+        )
         if (
             pg_run(
                 *psql, f"SELECT 1 FROM pg_database WHERE datname='{db}'", stdout=subprocess.PIPE

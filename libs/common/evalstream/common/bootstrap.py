@@ -1,5 +1,7 @@
-"""Creates what the services need before they start: Kafka topics, S3 buckets, the
-database schema. Idempotent; run by `make up` and by docker-compose's bootstrap service.
+"""Creates what the services need before they start: Kafka topics, the ACLs of every
+principal (acls.py; when the broker authenticates, so run it as the admin principal), S3
+buckets, the database schema. Idempotent; run by `make up` and by docker-compose's
+bootstrap service.
 
     python -m evalstream.common.bootstrap [--groups smollm2-cpu,light]
 """
@@ -9,7 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from evalstream.common import db, storage
+from aiokafka.admin import AIOKafkaAdminClient
+
+from evalstream.common import acls, db, storage
+from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.settings import BootstrapSettings
 from evalstream.common.topics_admin import ensure_topics
 
@@ -21,11 +26,20 @@ def default_groups() -> list[str]:
 
 
 async def bootstrap(settings: BootstrapSettings, groups: list[str]) -> None:
-    topics = await ensure_topics(settings.kafka_bootstrap, groups)
+    topics = await ensure_topics(settings, groups)
+    acl_change = "broker without authentication: no ACLs"
+    if settings.kafka_security_protocol.upper() != "PLAINTEXT":
+        admin = AIOKafkaAdminClient(**client_kwargs(settings))
+        await admin.start()
+        try:
+            created, deleted = await acls.apply(admin)
+        finally:
+            await admin.close()
+        acl_change = f"ACLs created {len(created)}, deleted {len(deleted)}"
     buckets = await asyncio.to_thread(storage.ensure_buckets, settings)
     applied = await db.migrate(settings.database_url)
     print(
-        f"bootstrap: topics created {topics or 'none'}; buckets created {buckets or 'none'}; "
+        f"bootstrap: topics created {topics or 'none'}; {acl_change}; buckets created {buckets or 'none'}; "
         f"migrations applied {applied or 'none'}"
     )
 

@@ -15,7 +15,9 @@ from msgspec import Struct
 from evalstream.common import intake_limits, telemetry, topics
 from evalstream.common.datasets import Problem
 from evalstream.common.graders import grader_problem
+from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.messages import JobSpec, encode
+from evalstream.common.settings import KafkaSettings
 from evalstream.common.specs import spec_problem
 
 MAX_SHARD_SIZE = 1000
@@ -55,17 +57,17 @@ def job_problems(job: JobSpec) -> list[Problem]:
     return out
 
 
-async def publish_job(bootstrap: str, job: JobSpec) -> None:
+async def publish_job(settings: KafkaSettings, job: JobSpec) -> None:
     """Publishes `job` (with its run id) to eval.jobs. The run's trace starts here."""
     if job.run_id is None:
         raise ValueError("publish_job needs a job with a run_id (new_run_id())")
-    await publish_traced(bootstrap, topics.JOBS, job, job.run_id)
+    await publish_traced(settings, topics.JOBS, job, job.run_id)
 
 
-async def publish_traced(bootstrap: str, topic: str, message: Struct, run_id: str) -> None:
+async def publish_traced(settings: KafkaSettings, topic: str, message: Struct, run_id: str) -> None:
     """Publishes `message` keyed by `run_id`, durably (acks=all, idempotent), in a send span
     whose context travels in the message's headers."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(**client_kwargs(settings), acks="all", enable_idempotence=True)
     await producer.start()
     try:
         with telemetry.send_span(topic, run_id) as headers:

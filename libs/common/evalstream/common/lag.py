@@ -5,6 +5,9 @@ from __future__ import annotations
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from evalstream.common.kafka_security import client_kwargs
+from evalstream.common.settings import KafkaSettings
+
 
 async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
     """A started consumer knows no topic's partitions until it fetched the metadata."""
@@ -16,9 +19,9 @@ class LagReader:
     """Reads lag over connections it keeps open: a reader polled every second (the router's)
     does not pay a new admin client and consumer, with their metadata round trips, per read."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self.admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.admin = AIOKafkaAdminClient(**client_kwargs(settings))
+        self.consumer = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False)
 
     async def start(self) -> LagReader:
         await self.admin.start()
@@ -43,9 +46,9 @@ class LagReader:
         return lag
 
 
-async def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+async def group_lag(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
     """One read, over connections opened for it."""
-    reader = await LagReader(bootstrap).start()
+    reader = await LagReader(settings).start()
     try:
         return await reader.lag(group, topic)
     finally:

@@ -21,6 +21,8 @@ from typing import Any
 from faststream import BaseMiddleware
 from opentelemetry import trace
 
+from evalstream.common.redact import redact
+
 # Ids of the work in progress, per asyncio task (contextvars are copied into tasks and
 # threads started with asyncio.to_thread, so a handler's ids follow its work).
 _BOUND: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("evalstream_log_ids", default={})  # noqa: B039
@@ -68,7 +70,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact(record.getMessage()),  # a DATABASE_URL in an error stays unprinted
         }
         if self.service:
             entry["service"] = self.service
@@ -82,9 +84,9 @@ class JsonFormatter(logging.Formatter):
             entry["trace_id"] = format(ctx.trace_id, "032x")
             entry["span_id"] = format(ctx.span_id, "016x")
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = redact(self.formatException(record.exc_info))
         elif record.exc_text:
-            entry["exc"] = record.exc_text
+            entry["exc"] = redact(record.exc_text)
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 

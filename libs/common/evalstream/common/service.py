@@ -28,6 +28,7 @@ from faststream.kafka.prometheus import KafkaPrometheusMiddleware
 from prometheus_client import REGISTRY, make_asgi_app
 
 from evalstream.common import logs, telemetry, topics
+from evalstream.common.kafka_security import broker_security
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import decode
 from evalstream.common.metrics import DEAD_LETTERED
@@ -60,6 +61,7 @@ def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: fl
     _process.name = _process.name or service
     return KafkaBroker(
         settings.kafka_bootstrap,
+        security=broker_security(settings),
         client_id=f"evalstream-{service}",
         acks="all",
         enable_idempotence=True,

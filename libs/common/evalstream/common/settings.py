@@ -78,6 +78,14 @@ class TopicSettings(_Group):
 @dataclass(frozen=True)
 class KafkaSettings(TopicSettings):
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # How clients authenticate (kafka_security.py turns these into client arguments):
+    # PLAINTEXT (no authentication) | SASL_PLAINTEXT | SASL_SSL; SASL mechanism
+    # SCRAM-SHA-512 | SCRAM-SHA-256 | PLAIN; the principal and its password.
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "SCRAM-SHA-512"
+    kafka_username: str = ""
+    kafka_password: str = field(default="", repr=False)
+    kafka_ssl_cafile: str = ""  # SASL_SSL: the CA bundle that signed the broker's cert (empty: system's)
 
 
 @dataclass(frozen=True)

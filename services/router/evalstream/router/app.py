@@ -114,10 +114,8 @@ async def on_heartbeat(msg: KafkaMessage) -> None:
 
 
 async def start_background() -> None:
-    rescues = RescueManager(
-        router, settings.kafka_bootstrap, settings.router_reroute_after_s, dispatcher.rescue
-    )
-    monitor = LagMonitor(router, settings.kafka_bootstrap, settings.router_lag_interval_s)
+    rescues = RescueManager(router, settings, settings.router_reroute_after_s, dispatcher.rescue)
+    monitor = LagMonitor(router, settings, settings.router_lag_interval_s)
     background.set(Background(rescues, asyncio.create_task(monitor.run(after_each=rescues.sync))))
     log.info(
         "routing %s (+ %s) with policy %s to groups %s",

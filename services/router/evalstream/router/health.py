@@ -36,9 +36,11 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from evalstream.common import topics
+from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import LagReader
 from evalstream.common.messages import Shard, decode
 from evalstream.common.metrics import CONSUMER_LAG, ROUTER_GROUP_HEALTHY, ROUTER_GROUP_OUTSTANDING
+from evalstream.common.settings import KafkaSettings
 from evalstream.router.fleet import Group
 from evalstream.router.routing import Router
 
@@ -56,9 +58,9 @@ Move = Callable[[Shard | None, ConsumerRecord[bytes, bytes], Callable[[], bool]]
 
 
 class LagMonitor:
-    def __init__(self, router: Router, bootstrap: str, interval_s: float) -> None:
+    def __init__(self, router: Router, kafka: KafkaSettings, interval_s: float) -> None:
         self.router = router
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.interval_s = interval_s
         self.rounds = 0
         self._sem = asyncio.Semaphore(READ_CONCURRENCY)
@@ -98,7 +100,7 @@ class LagMonitor:
         due = [g for g in list(fleet.groups.values()) if self.due(g, now)]
         if due and self._reader is None:
             try:
-                self._reader = await LagReader(self.bootstrap).start()
+                self._reader = await LagReader(self.kafka).start()
             except Exception as exc:
                 log.warning("cannot read consumer lag: %s", exc)
         await asyncio.gather(*(self.read(g) for g in due))
@@ -137,9 +139,9 @@ class LagMonitor:
 class Rescuer:
     """Moves the pending shards of one dead group to healthy groups (see module doc)."""
 
-    def __init__(self, group: str, bootstrap: str, move: Move) -> None:
+    def __init__(self, group: str, kafka: KafkaSettings, move: Move) -> None:
         self.group = group
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.move = move
         self.stopping = False
         self.moved = 0
@@ -158,7 +160,7 @@ class Rescuer:
     async def _run(self) -> None:
         consumer = AIOKafkaConsumer(
             topics.work_topic(self.group),
-            bootstrap_servers=self.bootstrap,
+            **client_kwargs(self.kafka),
             group_id=topics.worker_consumer_group(self.group),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -208,9 +210,9 @@ class Rescuer:
 class RescueManager:
     """Keeps one Rescuer per group that is dead, has pending shards and is still remembered."""
 
-    def __init__(self, router: Router, bootstrap: str, reroute_after_s: float, move: Move) -> None:
+    def __init__(self, router: Router, kafka: KafkaSettings, reroute_after_s: float, move: Move) -> None:
         self.router = router
-        self.bootstrap = bootstrap
+        self.kafka = kafka
         self.reroute_after_s = reroute_after_s
         self.move = move
         self.rescuers: dict[str, Rescuer] = {}
@@ -241,7 +243,7 @@ class RescueManager:
                 del self.rescuers[name]  # crashed or gave up: a later round starts another
         for name, group in list(groups.items()):
             if name not in self.rescuers and self.wanted(group, now):
-                self.rescuers[name] = Rescuer(name, self.bootstrap, self.move)
+                self.rescuers[name] = Rescuer(name, self.kafka, self.move)
                 self.rescuers[name].start()
 
     async def close(self) -> None:

@@ -120,7 +120,7 @@ async def lifespan() -> AsyncIterator[None]:
     state.model.start()
     pool = None
     try:
-        await ensure_topics(settings.kafka_bootstrap, [settings.worker_group])
+        await ensure_topics(settings, [settings.worker_group], base=False)
         await broker.connect()
         heartbeats.start()
         pool = await db.create_pool(settings.database_url)
