@@ -151,3 +151,22 @@ def test_the_table_follows_the_topic_prefix() -> None:
     lines = names.stdout.split()
     assert lines and all(n.startswith("team2.") for n in lines), lines
     assert len(lines) == len(acls.grants())
+
+
+def test_only_this_pipelines_names_are_pruned() -> None:
+    """apply() deletes stray bindings on its own names only: bootstrapping a second pipeline
+    (KAFKA_TOPIC_PREFIX) must not strip the first one's ACLs, nor the first the second's."""
+    code = (
+        "from evalstream.common import acls; names = ['eval.jobs', 'evalstream-producer', "
+        "'team2.eval.jobs', 'team2.evalstream-worker-x', 'other', 'team2.other']; "
+        "print(' '.join(n for n in names if acls.in_this_pipeline(n)))"
+    )
+    ours = {}
+    for prefix in ("", "team2."):
+        env = {**os.environ, "KAFKA_TOPIC_PREFIX": prefix}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+        )
+        ours[prefix] = out.stdout.split()
+    assert ours[""] == ["eval.jobs", "evalstream-producer"]
+    assert ours["team2."] == ["team2.eval.jobs", "team2.evalstream-worker-x"]

@@ -131,10 +131,17 @@ def _grant_of(
     return Grant(principal.removeprefix("User:"), resource, name, operation, prefixed)  # type: ignore[arg-type]
 
 
+def in_this_pipeline(name: str) -> bool:
+    """Whether a topic or group name is one of this pipeline's (KAFKA_TOPIC_PREFIX): another
+    pipeline on the same broker, under another prefix, keeps its bindings."""
+    rest = name.removeprefix(topics.PREFIX) if name.startswith(topics.PREFIX) else None
+    return rest is not None and rest.startswith(("eval.", "evalstream-"))
+
+
 async def apply(admin: Any) -> tuple[list[Grant], list[Grant]]:
-    """Makes the broker's ACLs of PRINCIPALS equal to the table, through a started
-    AIOKafkaAdminClient of the admin principal; returns (created, deleted). Bindings of
-    other principals are left alone."""
+    """Makes the broker's ACLs of PRINCIPALS on this pipeline's names equal to the table,
+    through a started AIOKafkaAdminClient of the admin principal; returns (created, deleted).
+    Bindings of other principals, and on other pipelines' names, are left alone."""
     from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 
     async def send(request: Any) -> Any:
@@ -156,7 +163,7 @@ async def apply(admin: Any) -> tuple[list[Grant], list[Grant]]:
     stray: list[tuple[int, str, int, str, str, int, int]] = []
     for resource_type, name, pattern, acls in described.resources:
         for principal, host, op, perm in acls:
-            if principal not in ours:
+            if principal not in ours or not in_this_pipeline(name):
                 continue
             grant = _grant_of(resource_type, name, pattern, principal, host, op, perm)
             if grant is None:
