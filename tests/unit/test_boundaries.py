@@ -3,7 +3,7 @@
 * no service imports another service (producer, router, worker, aggregator);
 * the shared library (libs/common) imports no service and not the CLI;
 * the CLI imports no service: it is a client of the services' topics and tables;
-* only the worker imports torch or pynvml (the other images do not install them).
+* only the worker imports torch, OpenVINO or pynvml (the other images do not install them).
 
 Every import counts, function-local ones and those under `try: ... except ImportError` too:
 an import that may fail in one image is still a dependency on another component's code.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("producer", "router", "worker", "aggregator")
-WORKER_ONLY = ("torch", "pynvml")
+WORKER_ONLY = ("torch", "pynvml", "openvino", "openvino_genai", "openvino_tokenizers")
 # What is checked: the product's code. bench/ is left out on purpose: its lm-eval driver
 # imports torch to run the reference harness, and benchmarks may drive any component.
 CHECKED = ("libs", "services", "cli", "ops")

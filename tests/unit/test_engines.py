@@ -104,9 +104,17 @@ def test_bundled_model_is_found_without_importing_its_package() -> None:
 
 
 def test_importing_engines_stays_light() -> None:
-    modules = ["engines", "engines.hf", "engines.testhooks", "engines.replay", "gpu", "batching"]
+    modules = [
+        "engines",
+        "engines.hf",
+        "engines.ov",
+        "engines.testhooks",
+        "engines.replay",
+        "gpu",
+        "batching",
+    ]
     code = f"import sys; import {', '.join('evalstream.worker.' + m for m in modules)}; " + (
-        "print(sorted({'torch', 'transformers', 'pynvml'} & set(sys.modules)))"
+        "print(sorted({'torch', 'transformers', 'pynvml', 'openvino'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

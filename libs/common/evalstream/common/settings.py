@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
-from evalstream.common.specs import DEFAULT_MODEL
+from evalstream.common.specs import DEFAULT_MODEL, parse_model_spec
 
 
 def _boolean(raw: str) -> bool:
@@ -134,6 +134,22 @@ class TestHookSettings(_Group):
     engine_delay_ms: float = 0.0  # artificial per-item engine delay (benchmarks)
 
 
+# Batch limits per (engine, device kind): what one engine call may hold, in (longest prompt +
+# most new tokens) x rows and in rows (worker/batching.py). Measured with
+# bench/batch_sweep.py (README, "Batching per engine and device"); BATCH_TOKEN_BUDGET and
+# BATCH_MAX_ITEMS override them.
+BATCH_LIMITS: dict[tuple[str, str], tuple[int, int]] = {
+    # the seed's GPU figure, not re-measured (no GPU here)
+    ("hf", "cuda"): (2048, 64),
+    # transformers on the CPU: bigger static batches amortise the weights' reads per step
+    ("hf", "cpu"): (16384, 128),
+    # continuous batching schedules inside the call (OV_MAX_BATCHED_TOKENS per step): the
+    # more requests it sees at once, the fuller its steps
+    ("ov", "cpu"): (65536, 512),
+}
+DEFAULT_MODEL_OV = "ov:" + DEFAULT_MODEL.partition(":")[2]  # the default model on OpenVINO
+
+
 @dataclass(frozen=True)
 class WorkerGroupSettings(_Group):
     worker_group: str = "default"  # a worker's group; its work topic is eval.work.<group>
@@ -198,7 +214,7 @@ class WorkerSettings(
     GpuSettings,
 ):
     # the group's allow-list: comma-separated SPEC patterns it serves, models and judges alike
-    worker_model: str = f"{DEFAULT_MODEL},null,replay:*"
+    worker_model: str = f"{DEFAULT_MODEL},{DEFAULT_MODEL_OV},null,replay:*"
     # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
     # (worker/engines/openai.py); a job never names a variable
     worker_api_keys: str = ""
@@ -206,9 +222,16 @@ class WorkerSettings(
     worker_max_shards: int = 16  # shards taken per engine round
     # A long engine batch must not get a worker evicted from its group (aiokafka 848/678).
     worker_max_poll_interval_ms: int = 3_600_000
-    batch_token_budget: int = 2048
+    # A batch's (longest prompt + most new tokens) x rows, and its rows; 0: the measured
+    # default of the engine and device (BATCH_LIMITS below), a value: that, for every engine.
+    batch_token_budget: int = 0
     batch_max_wait_ms: int = 100
-    batch_max_items: int = 64
+    batch_max_items: int = 0
+    # The ov: engine's own scheduler (OpenVINO GenAI continuous batching; measured by
+    # bench/batch_sweep.py): tokens per step, sequences at once, KV cache size in GB.
+    ov_max_batched_tokens: int = 256
+    ov_max_sequences: int = 256
+    ov_kv_cache_gb: float = 2.0
     heartbeat_interval_s: float = 2.0
     model_cache_dir: str = ""  # empty: $XDG_CACHE_HOME/evalstream/models
     xdg_cache_home: str = ""  # empty: ~/.cache
@@ -225,6 +248,18 @@ class WorkerSettings(
     def resolved_worker_id(self) -> str:
         # hostname: containers of one image all run as pid 1
         return self.worker_id or f"{self.worker_group}-{socket.gethostname()}-{os.getpid()}"
+
+    def batch_limits(self, engine: str, device: str) -> tuple[int, int]:
+        """(token budget, items) of one engine call for the engine serving SPEC `engine` on
+        `device` (an engine's device label: "cpu", "cuda:0 (...)"): BATCH_TOKEN_BUDGET and
+        BATCH_MAX_ITEMS where set, else the measured defaults in BATCH_LIMITS."""
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        try:
+            scheme = parse_model_spec(engine).scheme
+        except ValueError:
+            scheme = "hf"
+        budget, items = BATCH_LIMITS.get((scheme, kind), BATCH_LIMITS[("hf", kind)])
+        return self.batch_token_budget or budget, self.batch_max_items or items
 
     @property
     def resolved_model_cache_dir(self) -> str:

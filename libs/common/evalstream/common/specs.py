@@ -2,6 +2,9 @@
 without loading anything) and the worker (which adds only file checks and loading).
 
     hf:<model dir | file.gguf | bundled name>   local torch engine (default: the bundled SmolLM2)
+    ov:<model dir | file.gguf | bundled name>[?precision=fp32|fast]
+                                               the same weights on OpenVINO GenAI's continuous
+                                               batching (fp32 unless `fast` is asked for)
     openai:<model>@<base_url|preset>[?options] any OpenAI-compatible chat-completions server
     replay:<file.jsonl>                        answers produced elsewhere
     null                                       instant empty answers (pipeline measurements)
@@ -41,11 +44,16 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
     ),
 }
 DEFAULT_MODEL = "hf:smollm2-135m-instruct"  # the one place the default is written
-SCHEMES = ("hf", "openai", "replay", "null")
-Scheme = Literal["hf", "openai", "replay", "null"]
+SCHEMES = ("hf", "ov", "openai", "replay", "null")
+Scheme = Literal["hf", "ov", "openai", "replay", "null"]
+LOCAL_SCHEMES = ("hf", "ov")  # engines that load model files on the worker
+# `ov:` precisions: `fp32` keeps the hf engine's answers (fp32 weights, compute and KV cache);
+# `fast` takes the device's own defaults (bf16 compute where the CPU has it, 8-bit KV cache,
+# dynamic quantisation), which changes some answers. Each has its own revision (cache key).
+OV_PRECISIONS = ("fp32", "fast")
 MAX_SPEC_CHARS = 2048
 SPEC_FORMS = (
-    "hf:<dir|file.gguf|bundled name>, openai:<model>@<http(s) base url or provider preset>, "
+    "hf:<dir|file.gguf|bundled name>, ov:<dir|file.gguf|bundled name>[?precision=fp32|fast], openai:<model>@<http(s) base url or provider preset>, "
     "replay:<file.jsonl> or null"
 )
 
@@ -95,6 +103,7 @@ class ModelSpec:
     base_url: str = ""  # openai: scheme://host[:port]/path, host lower-cased, no query
     options: OpenAIOptions = OpenAIOptions()  # what the SPEC's query set
     preset: str | None = None  # openai: the provider preset named instead of a URL (providers.py)
+    precision: str = ""  # ov: one of OV_PRECISIONS (default fp32); empty for other schemes
 
     @property
     def identity(self) -> str:
@@ -110,7 +119,7 @@ class ModelSpec:
         """The bundled model an `hf:` SPEC names, or None (a path, or another scheme)."""
         return (
             BUNDLED_MODELS.get(self.target)
-            if self.scheme == "hf" and not looks_like_path(self.target)
+            if self.scheme in LOCAL_SCHEMES and not looks_like_path(self.target)
             else None
         )
 
@@ -138,16 +147,36 @@ def parse_model_spec(spec: str) -> ModelSpec:
         raise SpecError(f"model SPEC {text!r}: control characters")
     if scheme == "openai":
         return _parse_openai(text, target)
+    precision = ""
+    if scheme == "ov":
+        target, precision = _split_ov_options(text, target)
     if ".." in target.replace("\\", "/").split("/"):
         raise SpecError(f"model SPEC {text!r}: '..' in a path")
-    if scheme == "hf" and not looks_like_path(target) and target not in BUNDLED_MODELS:
+    if scheme in LOCAL_SCHEMES and not looks_like_path(target) and target not in BUNDLED_MODELS:
         raise SpecError(
             f"model SPEC {text!r}: {target!r} is neither a path nor a bundled model "
             f"(bundled: {', '.join(sorted(BUNDLED_MODELS))}); give a directory or a .gguf file"
         )
     if scheme == "replay" and not target.endswith(".jsonl"):
         raise SpecError(f"model SPEC {text!r}: replay needs a .jsonl file")
+    if scheme == "ov":
+        return ModelSpec(text, "ov", target, precision=precision)
     return ModelSpec(text, "hf" if scheme == "hf" else "replay", target)
+
+
+def _split_ov_options(text: str, target: str) -> tuple[str, str]:
+    """(model, precision) of an `ov:` target `model[?precision=fp32|fast]`."""
+    model, _, query = target.partition("?")
+    precision = "fp32"
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name != "precision":
+            raise SpecError(f"model SPEC {text!r}: unknown option {name!r}; known: precision")
+        if value not in OV_PRECISIONS:
+            raise SpecError(f"model SPEC {text!r}: precision must be one of {', '.join(OV_PRECISIONS)}")
+        precision = value
+    if not model.strip():
+        raise SpecError(f"model SPEC {text!r} names no model: nothing after ov:")
+    return model.strip(), precision
 
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,199}")

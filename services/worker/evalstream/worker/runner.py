@@ -90,8 +90,11 @@ class _Stored:
 @dataclass
 class RunnerConfig:
     group: str
-    token_budget: int = 2048
-    max_items: int = 64
+    # (token budget, items) of one engine call for an engine's SPEC and device label: the
+    # worker's BATCH_* settings or the measured defaults per engine and device
+    batch_limits: Callable[[str, str], tuple[int, int]] = field(
+        default_factory=lambda: WorkerSettings().batch_limits
+    )
 
 
 async def start_runner(
@@ -103,11 +106,7 @@ async def start_runner(
         settings.grading_processes, settings.grading_timeout_s, settings.grading_memory_mb * 1024 * 1024
     )
     await asyncio.to_thread(grading.start)
-    config = RunnerConfig(
-        group=settings.worker_group,
-        token_budget=settings.batch_token_budget,
-        max_items=settings.batch_max_items,
-    )
+    config = RunnerConfig(group=settings.worker_group, batch_limits=settings.batch_limits)
     return ModelRunner(config, engine_for, cache, grading)
 
 
@@ -161,14 +160,15 @@ class ModelRunner:
         fresh: list[tuple[str, str, CachedAnswer]] = []
         for group in by_engine.values():
             engine = group[0].engine
+            token_budget, max_items = self.config.batch_limits(engine.name, engine.device)
             plan = (
                 # an API engine paces its requests itself: the token budget is a device's limit
                 [list(range(len(group)))]
                 if getattr(engine, "schedules_itself", False)
                 else plan_batches(
                     [p.prompt_tokens for p in group],
-                    token_budget=self.config.token_budget,
-                    max_items=self.config.max_items,
+                    token_budget=token_budget,
+                    max_items=max_items,
                     max_new_tokens=[p.request.params.max_tokens for p in group],
                 )
             )

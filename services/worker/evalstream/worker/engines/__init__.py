@@ -2,8 +2,8 @@
 (evalstream.common.specs, also used by the producer's intake); this module adds what needs
 the worker: its allow-list (WORKER_MODEL), file checks and loading.
 
-This module stays light: torch and transformers are imported only when an `hf:` engine is
-loaded, so that the producer can validate specs and pipeline tests can run without them.
+This module stays light: torch, transformers and OpenVINO are imported only when an `hf:` or
+`ov:` engine is loaded, so that the producer can validate specs and pipeline tests can run without them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def bundled_model_path(name: str) -> Path:
 
 def _resolve_file(parsed: ModelSpec) -> Path | None:
     """The file or folder a spec points at (checked to exist), or None for null/openai."""
-    if parsed.scheme == "hf":
+    if parsed.scheme in ("hf", "ov"):
         if parsed.bundled is not None:
             return bundled_model_path(parsed.target)
         path = Path(parsed.target).expanduser()
@@ -141,6 +141,22 @@ def load_engine(spec: str, settings: WorkerSettings, *, role: str = "model") -> 
 
         assert path is not None
         engine = HFEngine(path, name=name, cache_dir=Path(settings.resolved_model_cache_dir))
+    elif parsed.scheme == "ov":
+        from evalstream.worker.engines.ov import OpenVINOEngine, SchedulerLimits
+
+        assert path is not None
+        limits = SchedulerLimits(
+            max_batched_tokens=settings.ov_max_batched_tokens,
+            max_sequences=settings.ov_max_sequences,
+            kv_cache_gb=settings.ov_kv_cache_gb,
+        )
+        engine = OpenVINOEngine(
+            path,
+            limits=limits,
+            name=name,
+            cache_dir=Path(settings.resolved_model_cache_dir),
+            precision=parsed.precision,
+        )
     else:
         from evalstream.worker.engines.openai import OpenAIEngine, openai_config
 

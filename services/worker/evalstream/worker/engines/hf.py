@@ -115,6 +115,19 @@ def ensure_safetensors_cache(gguf: Path, cache_dir: Path, digest: str) -> Path:
     return final
 
 
+def resolve_weights(source: Path, cache_dir: str | Path | None) -> tuple[Path, str]:
+    """(transformers model folder, weights identity) of an `hf:`/`ov:` source: a GGUF file's
+    de-quantised safetensors copy (built once), or a model folder as it is."""
+    if source.suffix == ".gguf":
+        if cache_dir is None:
+            raise EngineConfigError("a GGUF model needs a cache folder (MODEL_CACHE_DIR)")
+        weights_id = file_sha256(source)
+        return ensure_safetensors_cache(source, Path(cache_dir).expanduser(), weights_id), weights_id
+    if (source / "config.json").is_file():
+        return source, model_dir_fingerprint(source)
+    raise EngineConfigError(f"not a .gguf file nor a transformers model folder: {source}")
+
+
 # ---- pure helpers (unit-tested without a model) -------------------------------------------
 
 
@@ -162,7 +175,7 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
-def _sampling_key(params: GenerationParams) -> tuple[Any, ...]:
+def sampling_key(params: GenerationParams) -> tuple[Any, ...]:
     """Requests that can share one generate() call: max_tokens and stop strings are applied
     per row, and greedy decoding ignores top_p and seed."""
     if params.temperature == 0:
@@ -200,16 +213,7 @@ class HFEngine:
         started = time.perf_counter()
         source = Path(source).expanduser()
         self.name = name or f"hf:{source}"
-        if source.suffix == ".gguf":
-            if cache_dir is None:
-                raise EngineConfigError("a GGUF model needs a cache folder (MODEL_CACHE_DIR)")
-            weights_id = file_sha256(source)
-            self.model_dir = ensure_safetensors_cache(source, Path(cache_dir).expanduser(), weights_id)
-        elif (source / "config.json").is_file():
-            weights_id = model_dir_fingerprint(source)
-            self.model_dir = source
-        else:
-            raise EngineConfigError(f"not a .gguf file nor a transformers model folder: {source}")
+        self.model_dir, weights_id = resolve_weights(source, cache_dir)
 
         self._device, dtype, self.device = _pick_device(device)
         # the precision changes answers, so it is part of the revision (the cache key)
@@ -264,7 +268,7 @@ class HFEngine:
             except EngineError as exc:
                 results[i] = exc
                 continue
-            groups.setdefault(_sampling_key(request.params), []).append(prepared)
+            groups.setdefault(sampling_key(request.params), []).append(prepared)
         with self._lock:
             for group in groups.values():
                 try:

@@ -1,0 +1,341 @@
+"""`ov:<model dir | file.gguf | bundled name>[?precision=fp32|fast]`: the hf engine's weights on
+OpenVINO GenAI's continuous-batching pipeline (CPU).
+
+Where the hf engine pads a static batch and runs it until its longest answer ends, this
+engine hands every request of a call to OpenVINO's scheduler, which admits new sequences as
+others finish, splits long prompts into chunks shared with running decodes, and reuses the
+KV cache of prompt prefixes it has seen (every chat prompt starts with the same system turn).
+
+Faithful by default (`precision=fp32`): the IR holds the hf engine's fp32 weights bit for bit
+(ov_convert.py), inference and KV cache run in fp32 and dynamic quantisation is off, so
+greedy answers match the hf engine's (tests/model/test_ov_engine.py measures how many).
+`precision=fast` takes the device's defaults (bf16 compute on CPUs that have it, 8-bit KV
+cache, dynamic quantisation): faster, and some answers change. The revision names engine and
+resolved precisions, so the answer cache never mixes answers of different precisions.
+
+Prompts are rendered, tokenised, truncated and decoded by the same transformers tokenizer as
+the hf engine's (same prompt text, cache key and token ids); the pipeline gets token ids.
+Stop strings are checked by the pipeline (its converted detokenizer, to stop early) and again
+on the decoded text, with the hf engine's rule: the answer ends before the earliest stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evalstream.common.messages import ChatMessage, GenerationParams
+from evalstream.worker.engines.base import (
+    EngineError,
+    GenOutput,
+    GenRequest,
+    PermanentEngineError,
+    TransientEngineError,
+)
+from evalstream.worker.engines.hf import (
+    cut_at_stop,
+    resolve_weights,
+    sampling_key,
+    split_on_oom,
+    truncate_middle,
+)
+from evalstream.worker.engines.null import plain_prompt
+from evalstream.worker.engines.ov_convert import ensure_openvino_ir
+
+log = logging.getLogger(__name__)
+
+DEVICE = "CPU"  # OpenVINO's device; its GPU plugin is Intel's, not CUDA (vLLM is for those)
+# the faithful mode: nothing rounded anywhere between the fp32 weights and the logits
+FP32_PROPERTIES = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+}
+_OOM_WORDS = ("out of memory", "bad_alloc", "cannot allocate", "failed to allocate")
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """OpenVINO's scheduler: tokens per step (prompt chunks + one per running decode),
+    sequences at once, and the KV cache's size. Defaults in WorkerSettings (measured)."""
+
+    max_batched_tokens: int
+    max_sequences: int
+    kv_cache_gb: float
+
+
+@dataclass
+class _Prepared:
+    index: int
+    params: GenerationParams
+    ids: list[int]
+    original_tokens: int
+
+
+def precision_properties(precision: str) -> dict[str, str]:
+    """OpenVINO compile properties of a precision mode: fp32 pins every precision; fast
+    leaves the device's defaults."""
+    if precision == "fp32":
+        return dict(FP32_PROPERTIES)
+    if precision == "fast":
+        return {}
+    raise PermanentEngineError(f"unknown ov: precision {precision!r} (fp32 or fast)")
+
+
+def resolved_precisions(core: Any, properties: dict[str, str]) -> dict[str, str]:
+    """What the device will actually use: the properties asked for, else its defaults."""
+    out = {}
+    for key in FP32_PROPERTIES:
+        value = properties.get(key)
+        out[key] = str(value if value is not None else _type_name(core.get_property(DEVICE, key)))
+    return out
+
+
+def _type_name(value: Any) -> str:
+    get = getattr(value, "get_type_name", None)
+    return str(get()) if callable(get) else str(value)
+
+
+def revision_of(weights_id: str, precisions: dict[str, str]) -> str:
+    """e.g. <weights>+ov-f32-kvf32-dq0 (faithful) or <weights>+ov-bf16-kvu8-dq32 (fast on
+    an AVX512-BF16 CPU): the engine and every precision that changes answers."""
+    return (
+        f"{weights_id}+ov-{precisions['INFERENCE_PRECISION_HINT']}"
+        f"-kv{precisions['KV_CACHE_PRECISION']}-dq{precisions['DYNAMIC_QUANTIZATION_GROUP_SIZE']}"
+    )
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
+
+
+class OpenVINOEngine:
+    """A continuous-batching OpenVINO GenAI pipeline on the CPU."""
+
+    def __init__(
+        self,
+        source: str | Path,
+        *,
+        limits: SchedulerLimits,
+        name: str | None = None,
+        cache_dir: str | Path | None = None,
+        precision: str = "fp32",
+        context_window: int | None = None,
+    ) -> None:
+        import openvino
+        import openvino_genai
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        started = time.perf_counter()
+        source = Path(source).expanduser()
+        self.name = name or f"ov:{source}"
+        self.precision = precision
+        model_dir, weights_id = resolve_weights(source, cache_dir)
+        ir_root = Path(cache_dir).expanduser() if cache_dir is not None else model_dir.parent
+        self.ir_dir = ensure_openvino_ir(model_dir, weights_id, ir_root)
+        properties = precision_properties(precision)
+        core = openvino.Core()
+        self.precisions = resolved_precisions(core, properties)
+        self.revision = revision_of(weights_id, self.precisions)
+        self.cacheable = True
+        self.device = "cpu"
+        self.limits = limits
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = True  # every chat prompt starts with the same system turn
+        scheduler.dynamic_split_fuse = True  # long prompts in chunks, beside running decodes
+        scheduler.max_num_batched_tokens = limits.max_batched_tokens
+        scheduler.max_num_seqs = limits.max_sequences
+        scheduler.cache_size = max(1, round(limits.kv_cache_gb))  # GB
+        compile_properties: dict[str, Any] = {
+            key: _ov_value(openvino, key, value) for key, value in properties.items()
+        }
+        compile_properties["INFERENCE_NUM_THREADS"] = _cores()
+        self.pipeline = openvino_genai.ContinuousBatchingPipeline(
+            str(self.ir_dir), scheduler, DEVICE, compile_properties
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.context_window = context_window or _context_window(model_dir)
+        eos = self.pipeline.get_config().eos_token_id
+        eos_ids = {eos, self.tokenizer.eos_token_id, *_generation_eos(model_dir)}
+        self._eos_ids = sorted(i for i in eos_ids if isinstance(i, int) and i >= 0)
+        self._end_ids = {*self._eos_ids, self.tokenizer.pad_token_id}
+        self._lock = threading.Lock()  # one generate() at a time; the scheduler batches inside
+        self.load_seconds = time.perf_counter() - started
+        log.info(
+            "loaded %s on OpenVINO %s in %.1f s (revision %s, scheduler %s)",
+            self.name,
+            DEVICE,
+            self.load_seconds,
+            self.revision,
+            limits,
+        )
+
+    # -- Engine protocol --
+
+    def render_prompt(self, messages: list[ChatMessage]) -> str:
+        if not self.tokenizer.chat_template:
+            return plain_prompt(messages)
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return str(rendered)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._encode(text))
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        results: list[GenOutput | EngineError | None] = [None] * len(requests)
+        groups: dict[tuple[Any, ...], list[_Prepared]] = {}
+        for i, request in enumerate(requests):
+            try:
+                prepared = self._prepare(i, request)
+            except EngineError as exc:
+                results[i] = exc
+                continue
+            groups.setdefault(sampling_key(request.params), []).append(prepared)
+        with self._lock:
+            for group in groups.values():
+                try:
+                    outs = split_on_oom(group, self._run, is_oom)
+                except Exception as exc:  # a bug or a device fault: let the retry path decide
+                    log.exception("generation failed for %d requests", len(group))
+                    why = f"generation failed: {type(exc).__name__}: {exc}"
+                    outs = [TransientEngineError(why) for _ in group]
+                for p, out in zip(group, outs, strict=True):
+                    results[p.index] = out
+        return [r if r is not None else TransientEngineError("no result") for r in results]
+
+    def close(self) -> None:
+        self.pipeline = None
+
+    # -- internals --
+
+    def _encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def _prepare(self, index: int, request: GenRequest) -> _Prepared:
+        params = request.params
+        problems = params.problems()
+        if problems:
+            raise PermanentEngineError("; ".join(problems))
+        room = self.context_window - params.max_tokens
+        if room < 1:
+            raise PermanentEngineError(
+                f"max_tokens={params.max_tokens} leaves no room for the prompt in this model's "
+                f"context window of {self.context_window} tokens"
+            )
+        try:
+            ids = self._encode(self.render_prompt(request.messages))
+        except Exception as exc:
+            raise PermanentEngineError(f"cannot render the prompt: {exc}") from exc
+        if not ids:
+            raise PermanentEngineError("empty prompt")
+        return _Prepared(index, params, truncate_middle(ids, room), len(ids))
+
+    def _config(self, params: GenerationParams) -> Any:
+        import openvino_genai
+
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = params.max_tokens
+        config.stop_token_ids = set(self._eos_ids)
+        stops = {s for s in params.stop if s}
+        if stops:
+            config.stop_strings = stops
+            config.include_stop_str_in_output = True  # cut below, by the hf engine's rule
+        if params.temperature > 0:
+            config.do_sample = True
+            config.temperature = params.temperature
+            config.top_p = params.top_p
+            config.rng_seed = params.seed
+        else:
+            config.do_sample = False
+        return config
+
+    def _run(self, batch: Sequence[_Prepared]) -> list[GenOutput | EngineError]:
+        import numpy as np
+        import openvino
+
+        if self.pipeline is None:
+            raise RuntimeError("engine closed")
+        started = time.perf_counter()
+        inputs = [openvino.Tensor(np.asarray([p.ids], dtype=np.int64)) for p in batch]
+        outs = self.pipeline.generate(inputs, [self._config(p.params) for p in batch])
+        latency_ms = (time.perf_counter() - started) * 1000
+        if len(outs) != len(batch):
+            raise RuntimeError(f"OpenVINO returned {len(outs)} results for {len(batch)} requests")
+        results: list[GenOutput | EngineError] = []
+        for p, out in zip(batch, outs, strict=True):
+            generated = list(out.m_generation_ids[0]) if out.m_generation_ids else None
+            if generated is None:
+                # the scheduler could not place it (a prompt larger than the KV cache):
+                # another worker, or a later attempt, may have the room
+                results.append(
+                    TransientEngineError("OpenVINO's scheduler dropped the request (KV cache full)")
+                )
+                continue
+            results.append(self._output(p, generated, latency_ms))
+        return results
+
+    def _output(self, p: _Prepared, generated: list[int], latency_ms: float) -> GenOutput:
+        n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
+        n = min(n, p.params.max_tokens)
+        text, stopped = cut_at_stop(
+            str(self.tokenizer.decode(generated[:n], skip_special_tokens=True)), p.params.stop
+        )
+        at_limit = n == p.params.max_tokens and not stopped
+        extra = {"finish_reason": "length" if at_limit else "stop"}
+        if len(p.ids) < p.original_tokens:
+            extra["original_prompt_tokens"] = str(p.original_tokens)
+        return GenOutput(
+            text=text,
+            prompt_tokens=len(p.ids),
+            completion_tokens=n,
+            truncated=len(p.ids) < p.original_tokens,
+            latency_ms=latency_ms,
+            extra=extra,
+        )
+
+
+def _ov_value(openvino: Any, key: str, value: str) -> Any:
+    if key == "DYNAMIC_QUANTIZATION_GROUP_SIZE":
+        return int(value)
+    return openvino.Type.f32 if value == "f32" else value
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use, not the host's
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _context_window(model_dir: Path) -> int:
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 2048)
+
+
+def _generation_eos(model_dir: Path) -> list[int]:
+    import json
+
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return list(eos) if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
