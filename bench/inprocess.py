@@ -103,7 +103,9 @@ def default_plan(prepared: Prepared, engine: Any = None) -> list[list[int]]:
     from evalstream.worker.batching import plan_batches
 
     s = Settings.from_env()
-    budget, items = s.batch_limits(engine.name, engine.device) if engine else s.batch_limits(DEFAULT_MODEL, "cpu")
+    budget, items = (
+        s.batch_limits(engine.name, engine.device) if engine else s.batch_limits(DEFAULT_MODEL, "cpu")
+    )
     return plan_batches(
         prepared.prompt_tokens,
         token_budget=budget,
