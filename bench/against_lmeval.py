@@ -180,6 +180,7 @@ def lmeval_cli(model_dir: Path, batch_size: int, max_tokens: int, limit: int | N
     out_dir = Path(tempfile.mkdtemp(prefix="lmeval-cli-", dir=benchstack.stack_dir()))
     argv = [
         str(VENV / "bin" / "lm_eval"),
+        "run",
         "--model",
         "hf",
         "--model_args",
