@@ -100,6 +100,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--model",
         default=DEFAULT_MODEL,
         help=f"model SPEC (default {DEFAULT_MODEL}): hf:<dir|file.gguf|name>, "
+        "ov:<dir|file.gguf|name>[?precision=fp32|fast] (OpenVINO continuous batching, CPU), "
         "openai:<model>@<url>, replay:<file.jsonl>, null",
     )
     s.add_argument(

@@ -53,8 +53,8 @@ LOCAL_SCHEMES = ("hf", "ov")  # engines that load model files on the worker
 OV_PRECISIONS = ("fp32", "fast")
 MAX_SPEC_CHARS = 2048
 SPEC_FORMS = (
-    "hf:<dir|file.gguf|bundled name>, ov:<dir|file.gguf|bundled name>[?precision=fp32|fast], openai:<model>@<http(s) base url or provider preset>, "
-    "replay:<file.jsonl> or null"
+    "hf:<dir|file.gguf|bundled name>, ov:<dir|file.gguf|bundled name>[?precision=fp32|fast], "
+    "openai:<model>@<http(s) base url or provider preset>, replay:<file.jsonl> or null"
 )
 
 
