@@ -461,7 +461,10 @@ def main() -> None:
                 elif arm == "direct_ov":
                     # a fresh engine: its prefix cache has never seen lm-eval's questions
                     engine = inprocess.load_engine(ov_spec)
-                    engine.generate(inprocess.prepare(engine, fresh_in_process[:2], 4).requests)  # warm-up
+                    # warmed on a full set of other questions: OpenVINO compiles kernels per
+                    # new batch shape on first use, which the worker's engine has long done
+                    warm_rows = data.arithmetic_rows(n, seed=3000 + r, prefix=f"w{r}-")
+                    engine.generate(inprocess.prepare(engine, warm_rows, max_tokens).requests)
                     revision = engine.revision
                     rep[arm] = direct_engine(engine, rows, max_tokens)
                     engine.close()
