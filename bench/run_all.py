@@ -1,12 +1,13 @@
 """Runs every benchmark on the bench stack, then writes bench/results/summary.json and the
 table in README.md (between <!-- bench:start --> and <!-- bench:end -->).
 
-    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...]
+    .venv/bin/python bench/run_all.py [--quick] [--only NAME ...] [--table]
 
 Each benchmark is its own process (bench/<name>.py), so one failing does not stop the
 others; its JSON is read back from bench/results/. --quick runs the smoke-test sizes and
 writes summary.quick.json without touching the README. --only updates those entries of the
-last summary and leaves the README to full runs.
+last summary and leaves the README to full runs; --table runs nothing and rewrites the README
+table from each benchmark's latest results file, with when and at which commit each ran.
 """
 
 from __future__ import annotations
@@ -59,10 +60,52 @@ def readme_body(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def assembled_body() -> str:
+    """The README table from each benchmark's latest full run (bench/results/<name>.json),
+    saying when and at which commit each one ran: for benchmarks re-run one at a time."""
+    rows, notes, when = [], [], []
+    for name in BENCHMARKS:
+        path = paths.RESULTS / f"{name}.json"
+        if not path.exists():
+            when.append(f"`{name}` never run")
+            continue
+        doc = json.loads(path.read_text())
+        machine = doc.get("machine", {})
+        load = machine.get("loadavg_at_start") or ["?"]
+        when.append(
+            f"`{name}` {str(doc.get('finished_at', '?'))[:16].replace('T', ' ')} "
+            f"(commit `{(machine.get('git_commit') or '?')[:12]}`, load {load[0]})"
+        )
+        rows += doc.get("goals", [])
+        notes += [(name, d) for d in doc.get("diagnosis", [])]
+    lines = [
+        "Assembled by `bench/run_all.py --table` from each benchmark's latest full run, on 2 cores, "
+        "no GPU; the machine is shared: ratios are of two things measured side by side, median of "
+        "repeats; raw numbers in `bench/results/*.json`. When each ran: " + "; ".join(when) + ".",
+        "",
+        pure.render_table(rows),
+    ]
+    if notes:
+        lines += ["", "Where a goal is missed — where the time goes and what would close it:", ""]
+        lines += [f"* **{n}**: {d}" for n, d in notes]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = recording.arg_parser(__doc__)
     ap.add_argument("--only", nargs="*", choices=BENCHMARKS, help="run these only")
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="run nothing: rewrite the README table from each benchmark's latest results file",
+    )
     args = ap.parse_args()
+    if args.table:
+        README.write_text(
+            pure.replace_between(README.read_text(), paths.README_START, paths.README_END, assembled_body())
+        )
+        recording.log("README.md benchmark table assembled from bench/results/*.json")
+        return
     started = time.monotonic()
     benchstack.use_bench_stack()
     recording.log(
