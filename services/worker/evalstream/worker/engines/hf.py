@@ -187,14 +187,90 @@ def sampling_key(params: GenerationParams) -> tuple[Any, ...]:
 
 
 @dataclass
-class _Prepared:
+class PreparedRequest:
     index: int  # position in the generate() call
     params: GenerationParams
     ids: list[int]
     original_tokens: int  # before truncation
 
 
-class HFEngine:
+class TokenizerEngine:
+    """What every engine driven by a transformers tokenizer shares (hf:, ov:): the prompt
+    rendered by the model's chat template, requests checked, tokenised and middle-truncated
+    alike, grouped by sampling settings, and a failure of a group turned into a transient
+    error of each of its requests. Subclasses set tokenizer, context_window and _lock and
+    generate one group."""
+
+    tokenizer: Any
+    context_window: int
+    _lock: threading.Lock
+
+    def render_prompt(self, messages: list[ChatMessage]) -> str:
+        if not self.tokenizer.chat_template:
+            return plain_prompt(messages)
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return str(rendered)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._encode(text))
+
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        results: list[GenOutput | EngineError | None] = [None] * len(requests)
+        groups: dict[tuple[Any, ...], list[PreparedRequest]] = {}
+        for i, request in enumerate(requests):
+            try:
+                prepared = self._prepare(i, request)
+            except EngineError as exc:
+                results[i] = exc
+                continue
+            groups.setdefault(sampling_key(request.params), []).append(prepared)
+        with self._lock:
+            for group in groups.values():
+                try:
+                    outs = self._generate_group(group)
+                except Exception as exc:  # a bug or a device fault: let the retry path decide
+                    log.exception("generation failed for a batch of %d", len(group))
+                    why = f"generation failed: {type(exc).__name__}: {exc}"
+                    outs = [TransientEngineError(why) for _ in group]  # one exception per request
+                for p, out in zip(group, outs, strict=True):
+                    results[p.index] = out
+        return [r if r is not None else TransientEngineError("no result") for r in results]
+
+    def _generate_group(self, group: list[PreparedRequest]) -> Sequence[GenOutput | EngineError]:
+        raise NotImplementedError
+
+    # -- internals --
+
+    def _encode(self, text: str) -> list[int]:
+        # rendered prompts already carry their special tokens: do not add a second BOS
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def _prepare(self, index: int, request: GenRequest) -> PreparedRequest:
+        params = request.params
+        problems = params.problems()
+        if problems:
+            raise PermanentEngineError("; ".join(problems))
+        room = self.context_window - params.max_tokens
+        if room < 1:
+            raise PermanentEngineError(
+                f"max_tokens={params.max_tokens} leaves no room for the prompt in this model's "
+                f"context window of {self.context_window} tokens"
+            )
+        try:
+            ids = self._encode(self.render_prompt(request.messages))
+        except Exception as exc:  # e.g. a chat template that rejects a role
+            raise PermanentEngineError(f"cannot render the prompt: {exc}") from exc
+        if not ids:
+            raise PermanentEngineError("empty prompt")
+        return PreparedRequest(index, params, truncate_middle(ids, room), len(ids))
+
+
+class HFEngine(TokenizerEngine):
     """transformers model on CUDA (bf16) when available, else on the CPU (fp32)."""
 
     def __init__(
@@ -246,40 +322,8 @@ class HFEngine:
 
     # -- Engine protocol --
 
-    def render_prompt(self, messages: list[ChatMessage]) -> str:
-        if not self.tokenizer.chat_template:
-            return plain_prompt(messages)
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        return str(rendered)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self._encode(text))
-
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
-        results: list[GenOutput | EngineError | None] = [None] * len(requests)
-        groups: dict[tuple[Any, ...], list[_Prepared]] = {}
-        for i, request in enumerate(requests):
-            try:
-                prepared = self._prepare(i, request)
-            except EngineError as exc:
-                results[i] = exc
-                continue
-            groups.setdefault(sampling_key(request.params), []).append(prepared)
-        with self._lock:
-            for group in groups.values():
-                try:
-                    outs = split_on_oom(group, self._run_batch, _is_oom, self._free_memory)
-                except Exception as exc:  # a bug or a device fault: let the retry path decide
-                    log.exception("generation failed for a batch of %d", len(group))
-                    why = f"generation failed: {type(exc).__name__}: {exc}"
-                    outs = [TransientEngineError(why) for _ in group]  # one exception per request
-                for p, out in zip(group, outs, strict=True):
-                    results[p.index] = out
-        return [r if r is not None else TransientEngineError("no result") for r in results]
+    def _generate_group(self, group: list[PreparedRequest]) -> Sequence[GenOutput | EngineError]:
+        return split_on_oom(group, self._run_batch, _is_oom, self._free_memory)
 
     def close(self) -> None:
         self.model = None
@@ -288,31 +332,7 @@ class HFEngine:
 
     # -- internals --
 
-    def _encode(self, text: str) -> list[int]:
-        # rendered prompts already carry their special tokens: do not add a second BOS
-        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids
-
-    def _prepare(self, index: int, request: GenRequest) -> _Prepared:
-        params = request.params
-        problems = params.problems()
-        if problems:
-            raise PermanentEngineError("; ".join(problems))
-        room = self.context_window - params.max_tokens
-        if room < 1:
-            raise PermanentEngineError(
-                f"max_tokens={params.max_tokens} leaves no room for the prompt in this model's "
-                f"context window of {self.context_window} tokens"
-            )
-        try:
-            ids = self._encode(self.render_prompt(request.messages))
-        except Exception as exc:  # e.g. a chat template that rejects a role
-            raise PermanentEngineError(f"cannot render the prompt: {exc}") from exc
-        if not ids:
-            raise PermanentEngineError("empty prompt")
-        return _Prepared(index, params, truncate_middle(ids, room), len(ids))
-
-    def _run_batch(self, batch: Sequence[_Prepared]) -> list[GenOutput]:
+    def _run_batch(self, batch: Sequence[PreparedRequest]) -> list[GenOutput]:
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -349,7 +369,7 @@ class HFEngine:
         latency_ms = (time.perf_counter() - started) * 1000
         return [self._output(p, out[row, width:].tolist(), latency_ms) for row, p in enumerate(batch)]
 
-    def _output(self, p: _Prepared, generated: list[int], latency_ms: float) -> GenOutput:
+    def _output(self, p: PreparedRequest, generated: list[int], latency_ms: float) -> GenOutput:
         n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
         n = min(n, p.params.max_tokens)
         text, stopped = cut_at_stop(

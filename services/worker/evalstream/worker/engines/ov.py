@@ -30,22 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalstream.common.messages import ChatMessage, GenerationParams
+from evalstream.common.messages import GenerationParams
 from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
-    GenRequest,
     PermanentEngineError,
     TransientEngineError,
 )
 from evalstream.worker.engines.hf import (
+    PreparedRequest,
+    TokenizerEngine,
     cut_at_stop,
     resolve_weights,
-    sampling_key,
     split_on_oom,
-    truncate_middle,
 )
-from evalstream.worker.engines.null import plain_prompt
 from evalstream.worker.engines.ov_convert import ensure_openvino_ir
 
 log = logging.getLogger(__name__)
@@ -68,14 +66,6 @@ class SchedulerLimits:
     max_batched_tokens: int
     max_sequences: int
     kv_cache_gb: float
-
-
-@dataclass
-class _Prepared:
-    index: int
-    params: GenerationParams
-    ids: list[int]
-    original_tokens: int
 
 
 def precision_properties(precision: str) -> dict[str, str]:
@@ -117,7 +107,7 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _OOM_WORDS)
 
 
-class OpenVINOEngine:
+class OpenVINOEngine(TokenizerEngine):
     """A continuous-batching OpenVINO GenAI pipeline on the CPU."""
 
     def __init__(
@@ -184,68 +174,13 @@ class OpenVINOEngine:
 
     # -- Engine protocol --
 
-    def render_prompt(self, messages: list[ChatMessage]) -> str:
-        if not self.tokenizer.chat_template:
-            return plain_prompt(messages)
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        return str(rendered)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self._encode(text))
-
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
-        results: list[GenOutput | EngineError | None] = [None] * len(requests)
-        groups: dict[tuple[Any, ...], list[_Prepared]] = {}
-        for i, request in enumerate(requests):
-            try:
-                prepared = self._prepare(i, request)
-            except EngineError as exc:
-                results[i] = exc
-                continue
-            groups.setdefault(sampling_key(request.params), []).append(prepared)
-        with self._lock:
-            for group in groups.values():
-                try:
-                    outs = split_on_oom(group, self._run, is_oom)
-                except Exception as exc:  # a bug or a device fault: let the retry path decide
-                    log.exception("generation failed for %d requests", len(group))
-                    why = f"generation failed: {type(exc).__name__}: {exc}"
-                    outs = [TransientEngineError(why) for _ in group]
-                for p, out in zip(group, outs, strict=True):
-                    results[p.index] = out
-        return [r if r is not None else TransientEngineError("no result") for r in results]
+    def _generate_group(self, group: list[PreparedRequest]) -> Sequence[GenOutput | EngineError]:
+        return split_on_oom(group, self._run, is_oom)
 
     def close(self) -> None:
         self.pipeline = None
 
     # -- internals --
-
-    def _encode(self, text: str) -> list[int]:
-        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ids
-
-    def _prepare(self, index: int, request: GenRequest) -> _Prepared:
-        params = request.params
-        problems = params.problems()
-        if problems:
-            raise PermanentEngineError("; ".join(problems))
-        room = self.context_window - params.max_tokens
-        if room < 1:
-            raise PermanentEngineError(
-                f"max_tokens={params.max_tokens} leaves no room for the prompt in this model's "
-                f"context window of {self.context_window} tokens"
-            )
-        try:
-            ids = self._encode(self.render_prompt(request.messages))
-        except Exception as exc:
-            raise PermanentEngineError(f"cannot render the prompt: {exc}") from exc
-        if not ids:
-            raise PermanentEngineError("empty prompt")
-        return _Prepared(index, params, truncate_middle(ids, room), len(ids))
 
     def _config(self, params: GenerationParams) -> Any:
         import openvino_genai
@@ -266,7 +201,7 @@ class OpenVINOEngine:
             config.do_sample = False
         return config
 
-    def _run(self, batch: Sequence[_Prepared]) -> list[GenOutput | EngineError]:
+    def _run(self, batch: Sequence[PreparedRequest]) -> list[GenOutput | EngineError]:
         import numpy as np
         import openvino
 
@@ -291,7 +226,7 @@ class OpenVINOEngine:
             results.append(self._output(p, generated, latency_ms))
         return results
 
-    def _output(self, p: _Prepared, generated: list[int], latency_ms: float) -> GenOutput:
+    def _output(self, p: PreparedRequest, generated: list[int], latency_ms: float) -> GenOutput:
         n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
         n = min(n, p.params.max_tokens)
         text, stopped = cut_at_stop(
