@@ -204,6 +204,7 @@ class TokenizerEngine:
     tokenizer: Any
     context_window: int
     _lock: threading.Lock
+    _end_ids: set[int]
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:
         if not self.tokenizer.chat_template:
@@ -242,6 +243,27 @@ class TokenizerEngine:
 
     def _generate_group(self, group: list[PreparedRequest]) -> Sequence[GenOutput | EngineError]:
         raise NotImplementedError
+
+    def _output(self, p: PreparedRequest, generated: list[int], latency_ms: float) -> GenOutput:
+        """A row's generated ids as the answer: cut at the first end token, the row's own
+        max_tokens and its first stop string (the model may run past them in a batch)."""
+        n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
+        n = min(n, p.params.max_tokens)
+        text, stopped = cut_at_stop(
+            str(self.tokenizer.decode(generated[:n], skip_special_tokens=True)), p.params.stop
+        )
+        at_limit = n == p.params.max_tokens and not stopped
+        extra = {"finish_reason": "length" if at_limit else "stop"}
+        if len(p.ids) < p.original_tokens:
+            extra["original_prompt_tokens"] = str(p.original_tokens)
+        return GenOutput(
+            text=text,
+            prompt_tokens=len(p.ids),
+            completion_tokens=n,
+            truncated=len(p.ids) < p.original_tokens,
+            latency_ms=latency_ms,
+            extra=extra,
+        )
 
     # -- internals --
 
@@ -368,25 +390,6 @@ class HFEngine(TokenizerEngine):
             )
         latency_ms = (time.perf_counter() - started) * 1000
         return [self._output(p, out[row, width:].tolist(), latency_ms) for row, p in enumerate(batch)]
-
-    def _output(self, p: PreparedRequest, generated: list[int], latency_ms: float) -> GenOutput:
-        n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
-        n = min(n, p.params.max_tokens)
-        text, stopped = cut_at_stop(
-            str(self.tokenizer.decode(generated[:n], skip_special_tokens=True)), p.params.stop
-        )
-        at_limit = n == p.params.max_tokens and not stopped
-        extra = {"finish_reason": "length" if at_limit else "stop"}
-        if len(p.ids) < p.original_tokens:
-            extra["original_prompt_tokens"] = str(p.original_tokens)
-        return GenOutput(
-            text=text,
-            prompt_tokens=len(p.ids),
-            completion_tokens=n,
-            truncated=len(p.ids) < p.original_tokens,
-            latency_ms=latency_ms,
-            extra=extra,
-        )
 
     def _free_memory(self) -> None:
         import torch

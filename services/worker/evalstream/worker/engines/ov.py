@@ -40,7 +40,6 @@ from evalstream.worker.engines.base import (
 from evalstream.worker.engines.hf import (
     PreparedRequest,
     TokenizerEngine,
-    cut_at_stop,
     resolve_weights,
     split_on_oom,
 )
@@ -225,25 +224,6 @@ class OpenVINOEngine(TokenizerEngine):
                 continue
             results.append(self._output(p, generated, latency_ms))
         return results
-
-    def _output(self, p: PreparedRequest, generated: list[int], latency_ms: float) -> GenOutput:
-        n = next((k for k, t in enumerate(generated) if t in self._end_ids), len(generated))
-        n = min(n, p.params.max_tokens)
-        text, stopped = cut_at_stop(
-            str(self.tokenizer.decode(generated[:n], skip_special_tokens=True)), p.params.stop
-        )
-        at_limit = n == p.params.max_tokens and not stopped
-        extra = {"finish_reason": "length" if at_limit else "stop"}
-        if len(p.ids) < p.original_tokens:
-            extra["original_prompt_tokens"] = str(p.original_tokens)
-        return GenOutput(
-            text=text,
-            prompt_tokens=len(p.ids),
-            completion_tokens=n,
-            truncated=len(p.ids) < p.original_tokens,
-            latency_ms=latency_ms,
-            extra=extra,
-        )
 
 
 def _ov_value(openvino: Any, key: str, value: str) -> Any:
