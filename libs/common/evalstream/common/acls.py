@@ -138,6 +138,20 @@ def in_this_pipeline(name: str) -> bool:
     return rest is not None and rest.startswith(("eval.", "evalstream-"))
 
 
+def _binding(g: Grant) -> tuple[int, str, int, str, str, int, int]:
+    """A grant as the broker's ACL binding fields (resource type, name, pattern, principal,
+    host, operation, permission)."""
+    return (
+        _RESOURCE[g.resource],
+        g.name,
+        _PATTERN[g.prefixed],
+        f"User:{g.principal}",
+        "*",
+        _OPERATION[g.operation],
+        _ALLOW,
+    )
+
+
 async def apply(admin: Any) -> tuple[list[Grant], list[Grant]]:
     """Makes the broker's ACLs of PRINCIPALS on this pipeline's names equal to the table,
     through a started AIOKafkaAdminClient of the admin principal; returns (created, deleted).
@@ -174,29 +188,8 @@ async def apply(admin: Any) -> tuple[list[Grant], list[Grant]]:
     created = sorted(wanted - present)
     deleted = sorted(present - wanted)
     for g in created:
-        await send(
-            CreateAclsRequest(
-                _RESOURCE[g.resource],
-                g.name,
-                _PATTERN[g.prefixed],
-                f"User:{g.principal}",
-                "*",
-                _OPERATION[g.operation],
-                _ALLOW,
-            )
-        )
-    for g in deleted:
-        stray.append(
-            (
-                _RESOURCE[g.resource],
-                g.name,
-                _PATTERN[g.prefixed],
-                f"User:{g.principal}",
-                "*",
-                _OPERATION[g.operation],
-                _ALLOW,
-            )
-        )
+        await send(CreateAclsRequest(*_binding(g)))
+    stray += [_binding(g) for g in deleted]
     for binding in stray:
         await send(DeleteAclsRequest(*binding))
     return created, deleted
