@@ -25,10 +25,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from evalstream.common import topics
+from evalstream.common.lag import topic_partitions
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.engines.testhooks import FaultPlan
@@ -387,21 +388,35 @@ async def test_10_kill_9_producer_while_publishing(stack: Settings, spawn, tmp_p
     group = Group(spawn, delay_ms=0)  # the engine is not the point here: publishing is
     await group.start(stack)
     sc = await scenario("10 kill -9 producer while publishing", stack, group)
-    before = sum((await end_offsets(topics.SHARDS)).values())
-    big = scaled(20000, 2000)
-    await sc.submit_spread(tmp_path, group.name, [big, *sizes(base=(2000, 1000, 500))], "prod", shard_size=5)
+    # The big run is never scaled down: on a quiet machine the producer publishes a few
+    # hundred shards between two polls, and the kill has to land before its last one.
+    big = 20000
+    # One consumer, polled without pause: opening one per poll (SASL handshake, metadata)
+    # took longer than publishing a whole small suite.
+    shards = AIOKafkaConsumer(**admin_kafka(), request_timeout_ms=10_000)
+    await shards.start()
+    try:
+        partitions = await topic_partitions(shards, topics.SHARDS)
 
-    async def publishing() -> bool:
-        return sum((await end_offsets(topics.SHARDS)).values()) - before >= 200
+        async def published() -> int:
+            return sum((await shards.end_offsets(partitions)).values()) - before
 
-    await wait_for(publishing, 180, "200 shards published")
-    await sc.fault_begins()
-    kill("producer")
-    published = sum((await end_offsets(topics.SHARDS)).values()) - before
-    assert published < -(-sum(len(r.ids) for r in sc.runs.values()) // 5), (
-        "killed after publishing everything"
-    )
-    sc.extra["shards_before_kill"] = published
+        before = 0
+        before = await published()
+        await sc.submit_spread(
+            tmp_path, group.name, [big, *sizes(base=(2000, 1000, 500))], "prod", shard_size=5
+        )
+        total = -(-sum(len(r.ids) for r in sc.runs.values()) // 5)
+        deadline = asyncio.get_running_loop().time() + 180
+        while await published() == 0:
+            assert asyncio.get_running_loop().time() < deadline, "no shard published within 180 s"
+        kill("producer")  # first: what fault_begins reads (workers' offsets) takes longer
+        at_kill = await published()
+        await sc.fault_begins()
+    finally:
+        await shards.stop()
+    assert 0 < at_kill < total, f"killed after publishing {at_kill} of {total} shards"
+    sc.extra["shards_before_kill"] = at_kill
     sc.fault_ends()
     await sc.restart_stack("--workers", "1")
     verdict(await sc.judge(DEADLINE_S))
