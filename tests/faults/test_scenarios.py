@@ -171,7 +171,9 @@ async def test_01_kill_9_worker_mid_batch(stack: Settings, group: Group, tmp_pat
 async def test_02_sigstop_worker_past_session_timeout(stack: Settings, group: Group, tmp_path: Path) -> None:
     await group.start(stack, 2)
     sc = await scenario("02 SIGSTOP worker > session timeout, SIGCONT", stack, group)
-    await sc.submit_spread(tmp_path, group.name, sizes(floor=200, base=(3000, 2000, 1200, 600)), "stop")
+    # Big enough at any scale that the worker left alone (delay 10 ms: 100 items/s at most)
+    # is still busy when the paused one is evicted (about 15 s later): 6,000 items at 0.2.
+    await sc.submit_spread(tmp_path, group.name, sizes(floor=1500, base=(3000, 2000, 1500, 1500)), "stop")
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     group.workers[1].signal(signal.SIGSTOP)
@@ -425,7 +427,8 @@ async def test_10_kill_9_producer_while_publishing(stack: Settings, spawn, tmp_p
 async def test_11_scale_workers_1_3_1_under_load(stack: Settings, group: Group, tmp_path: Path) -> None:
     await group.start(stack)
     sc = await scenario("11 scale workers 1 -> 3 -> 1", stack, group)
-    await sc.submit_spread(tmp_path, group.name, sizes(floor=200, base=(4000, 2500, 1500, 800)), "scale")
+    # Three workers (300 items/s at most) must not finish while two of them start and stop.
+    await sc.submit_spread(tmp_path, group.name, sizes(floor=1000, base=(4000, 2500, 1500, 1000)), "scale")
     await sc.in_flight(at_least_rows=20)
     await group.start(stack, 2)  # 1 -> 3
     await sc.in_flight(at_least_rows=100)
