@@ -20,8 +20,14 @@ lm-eval runs in bench/.venv-lmeval (created on first use: a venv whose `.pth` ap
 project's site-packages, so it shares the project's torch and transformers; install time and
 size recorded). Its task (bench/lmeval/evalstream_short_qa.yaml) renders the pipeline's
 prompt (the "exact" grader's template inside the model's chat template; the first prompt is
-compared). Its `openvino` backend needs optimum-intel, which requires transformers < 5.6
-(the project pins 5.24): it is not installed next to the HF backend, and the JSON says so.
+compared). Its `openvino` backend (OptimumLM: transformers' generate() on static, padded
+batches with an OpenVINO model) needs optimum-intel, which requires transformers < 5.6 while
+the project pins 5.24: it runs from a venv of its own, bench/.venv-lmeval-ov (its own
+transformers, the project's torch and openvino), on an IR that `optimum-cli export openvino
+--weight-format fp32` made once from the same safetensors (not timed, as a user exports once),
+with the same fp32 OpenVINO settings as the pipeline's `ov:` engine. It is swept and repeated
+like the HF backend; lm-eval's reference in every ratio is its faster backend among those
+whose answers match its HF backend's on ≥ 95 % of items (faithful, as asked of the pipeline).
 
 OpenVINO keeps the KV cache of whole prompts it has seen (prefix caching), so no ov engine is
 timed on questions it has already answered: each repeat's pipeline runs ask a fresh set of
@@ -45,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -55,6 +62,16 @@ from bench import benchstack, data, inprocess, interference, paths, pipeline_run
 NAME = "against_lmeval"
 LMEVAL_VERSION = "0.4.13"
 VENV = paths.BENCH / ".venv-lmeval"
+VENV_OV = paths.BENCH / ".venv-lmeval-ov"
+OPTIMUM_INTEL = "optimum-intel[openvino]==2.2.0"
+# the pipeline's faithful ov: settings (engines/ov.py FP32_PROPERTIES); CACHE_DIR off, as lm-eval sets it
+OV_FP32_CONFIG = {
+    "INFERENCE_PRECISION_HINT": "f32",
+    "KV_CACHE_PRECISION": "f32",
+    "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0",
+    "CACHE_DIR": "",
+}
+FAITHFUL_SHARE = 0.95
 TASK_DIR = paths.BENCH / "lmeval"
 DATA = TASK_DIR / "short_qa.jsonl"
 
@@ -71,17 +88,20 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-def ensure_lmeval_venv() -> dict[str, Any]:
-    """bench/.venv-lmeval with lm-eval, reusing the project's torch; created if missing."""
-    py = VENV / "bin" / "python"
-    record = VENV / "evalstream-install.json"  # what creating it cost, kept for later runs
-    if py.exists() and subprocess.run([str(py), "-c", "import lm_eval"], capture_output=True).returncode == 0:
+def ensure_lmeval_venv(
+    venv: Path = VENV, extras: tuple[str, ...] = (), probe: str = "import lm_eval"
+) -> dict[str, Any]:
+    """A venv with lm-eval (and `extras`), reusing the project's torch; created if missing."""
+    py = venv / "bin" / "python"
+    record = venv / "evalstream-install.json"  # what creating it cost, kept for later runs
+    if py.exists() and subprocess.run([str(py), "-c", probe], capture_output=True).returncode == 0:
         first = json.loads(record.read_text()) if record.exists() else None
-        return {"created": False, "path": str(VENV), "size_bytes": _dir_bytes(VENV), "when_created": first}
+        return {"created": False, "path": str(venv), "size_bytes": _dir_bytes(venv), "when_created": first}
     recording.log(
-        f"creating {VENV} with lm-eval {LMEVAL_VERSION} (the project's torch is shared, not reinstalled)"
+        f"creating {venv} with lm-eval {LMEVAL_VERSION} {' '.join(extras)} "
+        "(the project's torch is shared, not reinstalled)"
     )
-    shutil.rmtree(VENV, ignore_errors=True)
+    shutil.rmtree(venv, ignore_errors=True)
     info = json.loads(
         subprocess.run(
             [
@@ -97,16 +117,26 @@ def ensure_lmeval_venv() -> dict[str, Any]:
     )
     base_prefix, project_site, pyver = info
     t0 = time.monotonic()
-    subprocess.run([f"{base_prefix}/bin/python3", "-m", "venv", str(VENV)], check=True)
+    subprocess.run([f"{base_prefix}/bin/python3", "-m", "venv", str(venv)], check=True)
     # Appended after the venv's own site-packages: lm-eval's dependencies win, torch,
-    # transformers and accelerate come from the project (pip sees them as installed).
-    site = VENV / "lib" / pyver / "site-packages"
+    # transformers and accelerate come from the project (pip sees them as installed) unless
+    # an extra pins another version, which then lands in the venv and shadows the project's.
+    site = venv / "lib" / pyver / "site-packages"
     (site / "evalstream-project.pth").write_text(
         str(paths.ROOT / ".venv" / "lib" / pyver / "site-packages") + "\n"
     )
     assert Path(project_site).resolve() == (paths.ROOT / ".venv" / "lib" / pyver / "site-packages").resolve()
     subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"lm-eval=={LMEVAL_VERSION}"],
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            f"lm-eval=={LMEVAL_VERSION}",
+            *extras,
+        ],
         check=True,
     )
     seconds = time.monotonic() - t0
@@ -117,9 +147,9 @@ def ensure_lmeval_venv() -> dict[str, Any]:
     )
     out = {
         "created": True,
-        "path": str(VENV),
+        "path": str(venv),
         "install_s": round(seconds, 1),
-        "size_bytes": _dir_bytes(VENV),
+        "size_bytes": _dir_bytes(venv),
         "shared_torch_bytes_not_downloaded": torch_bytes,
         "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -127,19 +157,67 @@ def ensure_lmeval_venv() -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class Backend:
+    """One lm-eval backend as the CLI and the driver run it."""
+
+    name: str  # lm-eval's --model
+    venv: Path
+    model_dir: Path  # the safetensors (hf) or the optimum IR (openvino)
+    ov_config: Path | None = None
+
+    @property
+    def model_args(self) -> str:
+        if self.ov_config is not None:
+            return f"pretrained={self.model_dir},ov_config={self.ov_config}"
+        return f"pretrained={self.model_dir},dtype=float32"
+
+
+def ensure_optimum_ir(model_dir: Path) -> dict[str, Any]:
+    """lm-eval's openvino backend loads an optimum-intel IR: exported once, fp32 weights (no
+    fp16 or int8 compression), from the same safetensors; kept in its venv (its optimum's)."""
+    out = VENV_OV / "ir" / model_dir.name
+    if (out / "openvino_model.xml").exists():
+        return {"path": str(out), "exported": False}
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    argv = [
+        str(VENV_OV / "bin" / "optimum-cli"),
+        "export",
+        "openvino",
+        "--model",
+        str(model_dir),
+        "--task",
+        "text-generation-with-past",
+        "--weight-format",
+        "fp32",
+        str(tmp),
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.monotonic()
+    with (benchstack.stack_dir() / "logs" / "bench-optimum-export.log").open("a") as log:
+        subprocess.run(argv, env=env, stdout=log, stderr=log, check=True)
+    tmp.rename(out)
+    return {"path": str(out), "exported": True, "export_s": round(time.monotonic() - t0, 1)}
+
+
 class LmEval:
     """The driver process: model loaded once, one simple_evaluate per call."""
 
-    def __init__(self, model_dir: Path, max_gen_toks: int) -> None:
+    def __init__(self, backend: Backend, max_gen_toks: int) -> None:
+        self.backend = backend.name
         self.stderr = (benchstack.stack_dir() / "logs" / "bench-lmeval.log").open("a")
         self.proc = subprocess.Popen(
             [
-                str(VENV / "bin" / "python"),
+                str(backend.venv / "bin" / "python"),
                 str(TASK_DIR / "driver.py"),
                 "--model-dir",
-                str(model_dir),
+                str(backend.model_dir),
                 "--max-gen-toks",
                 str(max_gen_toks),
+                "--backend",
+                backend.name,
+                *(["--ov-config", str(backend.ov_config)] if backend.ov_config else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -162,6 +240,7 @@ class LmEval:
         self.proc.stdin.write(json.dumps({"batch_size": batch_size, "limit": limit}) + "\n")
         self.proc.stdin.flush()
         res = self._read()
+        res["backend"] = self.backend
         res["other_load_cores"] = other.cores()
         res["items_per_s"] = res["items"] / res["seconds"]
         return res
@@ -179,16 +258,16 @@ class LmEval:
 # ----------------------------------------------------------------------------- lm-eval's CLI
 
 
-def lmeval_cli(model_dir: Path, batch_size: int, max_tokens: int, limit: int | None) -> dict[str, Any]:
+def lmeval_cli(backend: Backend, batch_size: int, max_tokens: int, limit: int | None) -> dict[str, Any]:
     """`lm_eval` as a user runs it, from start to exit; answers read from its samples file."""
     out_dir = Path(tempfile.mkdtemp(prefix="lmeval-cli-", dir=benchstack.stack_dir()))
     argv = [
-        str(VENV / "bin" / "lm_eval"),
+        str(backend.venv / "bin" / "lm_eval"),
         "run",
         "--model",
-        "hf",
+        backend.name,
         "--model_args",
-        f"pretrained={model_dir},dtype=float32",
+        backend.model_args,
         "--device",
         "cpu",
         "--tasks",
@@ -223,6 +302,7 @@ def lmeval_cli(model_dir: Path, batch_size: int, max_tokens: int, limit: int | N
         responses[str(s["doc"]["id"])] = s["filtered_resps"][0]
     shutil.rmtree(out_dir, ignore_errors=True)
     return {
+        "backend": backend.name,
         "batch_size": batch_size,
         "items": len(responses),
         "seconds": round(seconds, 3),
@@ -407,6 +487,19 @@ def main() -> None:
     gguf = bundled_model_path("smollm2-135m-instruct")
     model_dir = ensure_safetensors_cache(gguf, Path(settings.resolved_model_cache_dir), file_sha256(gguf))
     recording.log(f"lm-eval venv {venv}; model files {model_dir}")
+    hf_backend = Backend("hf", VENV, model_dir)
+    backends = [hf_backend]
+    try:  # lm-eval's openvino backend, where its venv installs
+        venv_ov = ensure_lmeval_venv(VENV_OV, (OPTIMUM_INTEL,), "import lm_eval, optimum.intel")
+        ir = ensure_optimum_ir(model_dir)
+        ov_config = benchstack.stack_dir() / "lmeval-ov-config.json"
+        ov_config.write_text(json.dumps(OV_FP32_CONFIG))
+        backends.append(Backend("openvino", VENV_OV, Path(ir["path"]), ov_config))
+        ov_backend: dict[str, Any] = {"run": True, "venv": venv_ov, "ir": ir, "ov_config": OV_FP32_CONFIG}
+        recording.log(f"lm-eval openvino backend: venv {venv_ov}; IR {ir}")
+    except (subprocess.CalledProcessError, OSError) as e:
+        ov_backend = {"run": False, "why": f"{type(e).__name__}: {e}"}
+        recording.log(f"lm-eval's openvino backend is not run: {ov_backend['why']}")
 
     # the worker loads both engines once (the ov IR is converted on first use) before timing
     for spec in (ov_spec, hf_spec):
@@ -416,32 +509,51 @@ def main() -> None:
         recording.log(f"worker warm for {spec}: {warm.elapsed_s:.1f} s")
     revision = ""
 
-    lm = LmEval(model_dir, max_tokens)
+    # arm names per backend: the CLI from start to exit, and generate_until in the driver
+    cli_arm = {"hf": "lmeval_cli", "openvino": "lmeval_cli_ov"}
+    gen_arm = {"hf": "lmeval_generate", "openvino": "lmeval_generate_ov"}
+    drivers = {b.name: LmEval(b, max_tokens) for b in backends}
     try:
-        recording.log(f"lm-eval driver ready: {lm.ready}")
-        cli_sweep, gen_sweep = [], []
+        recording.log(f"lm-eval drivers ready: {[d.ready for d in drivers.values()]}")
+        cli_sweep: dict[str, list[dict[str, Any]]] = {b.name: [] for b in backends}
+        gen_sweep: dict[str, list[dict[str, Any]]] = {b.name: [] for b in backends}
         for bs in sweep:
-            cli = lmeval_cli(model_dir, bs, max_tokens, limit)
-            recording.log(
-                f"lm-eval CLI batch {bs}: {cli['seconds']:.1f} s start to exit (load {cli['loadavg_1m']})"
-            )
-            cli_sweep.append(cli)
-            gen = lm.evaluate(bs, limit)
-            recording.log(f"lm-eval driver batch {bs}: generate {gen['generate_s']:.1f} s")
-            gen_sweep.append(gen)
-        best_cli = min(cli_sweep, key=lambda r: r["seconds"])["batch_size"]
-        best_gen = min(gen_sweep, key=lambda r: r["generate_s"])["batch_size"]
+            for b in backends:
+                cli = lmeval_cli(b, bs, max_tokens, limit)
+                recording.log(
+                    f"lm-eval {b.name} CLI batch {bs}: {cli['seconds']:.1f} s start to exit "
+                    f"(load {cli['loadavg_1m']})"
+                )
+                cli_sweep[b.name].append(cli)
+                gen = drivers[b.name].evaluate(bs, limit)
+                recording.log(f"lm-eval {b.name} driver batch {bs}: generate {gen['generate_s']:.1f} s")
+                gen_sweep[b.name].append(gen)
+        best_cli = {k: min(v, key=lambda r: r["seconds"])["batch_size"] for k, v in cli_sweep.items()}
+        best_gen = {k: min(v, key=lambda r: r["generate_s"])["batch_size"] for k, v in gen_sweep.items()}
+        # faithful: its answers at its best batch are lm-eval hf's (fp32) on ≥ 95 % of items
+        hf_answers = next(c for c in cli_sweep["hf"] if c["batch_size"] == best_cli["hf"])["responses"]
+        agreement = {
+            k: same_share(next(c for c in v if c["batch_size"] == best_cli[k])["responses"], hf_answers)
+            for k, v in cli_sweep.items()
+        }
+        faithful = [k for k, share in agreement.items() if share >= FAITHFUL_SHARE]
+        ov_backend["answers_identical_to_lmeval_hf"] = agreement.get("openvino")
+        recording.log(f"lm-eval backends' agreement with its hf backend: {agreement}; faithful: {faithful}")
 
         arms = [
-            "lmeval_cli",
-            "lmeval_generate",
+            *(cli_arm[b.name] for b in backends),
+            *(gen_arm[b.name] for b in backends),
             "pipeline_ov",
             "pipeline_hf",
             "direct_ov",
             "pipeline_ov_in_process",
         ]
+        by_arm = {
+            **{cli_arm[b.name]: ("cli", b) for b in backends},
+            **{gen_arm[b.name]: ("gen", b) for b in backends},
+        }
         reps: list[dict[str, Any]] = []
-        budget = profiled.Budget(1800, 1)
+        budget = profiled.Budget(2400, 1)
         for r in budget.range(repeats):
             rep: dict[str, Any] = {}
             # OpenVINO's prefix cache keeps whole prompts it has seen: every pipeline run asks
@@ -450,10 +562,12 @@ def main() -> None:
             fresh = data.arithmetic_rows(n, seed=1000 + r, prefix=f"p{r}-")
             fresh_in_process = data.arithmetic_rows(n, seed=2000 + r, prefix=f"e{r}-")
             for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                if arm == "lmeval_cli":
-                    rep[arm] = lmeval_cli(model_dir, best_cli, max_tokens, limit)
-                elif arm == "lmeval_generate":
-                    rep[arm] = lm.evaluate(best_gen, limit)
+                if arm in by_arm:
+                    kind, b = by_arm[arm]
+                    if kind == "cli":
+                        rep[arm] = lmeval_cli(b, best_cli[b.name], max_tokens, limit)
+                    else:
+                        rep[arm] = drivers[b.name].evaluate(best_gen[b.name], limit)
                 elif arm == "pipeline_ov":
                     rep[arm] = evalctl_submit_wait(fresh, ov_spec, max_tokens, f"bench-lmeval-ov-{r}")
                 elif arm == "pipeline_hf":
@@ -477,17 +591,42 @@ def main() -> None:
             ov_answers = inprocess.responses(rep["pipeline_ov"]["run_id"])
             hf_answers = inprocess.responses(rep["pipeline_hf"]["run_id"])
             rep["same_answers"] = {
-                # the same questions: ov fp32 engine (direct) vs lm-eval's hf backend
-                "ov_direct_vs_lmeval_hf": same_share(
-                    rep["direct_ov"]["responses"], rep["lmeval_cli"]["responses"]
-                ),
+                # the same questions: ov fp32 engine (direct) vs lm-eval's backends
+                **{
+                    f"ov_direct_vs_lmeval_{b.name}": same_share(
+                        rep["direct_ov"]["responses"], rep[cli_arm[b.name]]["responses"]
+                    )
+                    for b in backends
+                },
+                **{
+                    f"lmeval_{b.name}_vs_lmeval_hf": same_share(
+                        rep[cli_arm[b.name]]["responses"], rep["lmeval_cli"]["responses"]
+                    )
+                    for b in backends[1:]
+                },
                 "ov_pipeline_vs_hf_pipeline": same_share(ov_answers, hf_answers),
             }
-            lmeval_gen_s = rep["lmeval_generate"]["generate_s"]
+            # lm-eval's reference: its fastest faithful backend in this repeat
+            ref_cli = min((cli_arm[k] for k in faithful), key=lambda a: rep[a]["seconds"])
+            ref_gen = min((gen_arm[k] for k in faithful), key=lambda a: rep[a]["generate_s"])
+            rep["lmeval_reference"] = {"whole_process": ref_cli, "generation_only": ref_gen}
+            lmeval_cli_s, lmeval_gen_s = rep[ref_cli]["seconds"], rep[ref_gen]["generate_s"]
             rep["ratios"] = {
-                "whole_process_ov": round(rep["lmeval_cli"]["seconds"] / rep["pipeline_ov"]["seconds"], 4),
-                "whole_process_hf": round(rep["lmeval_cli"]["seconds"] / rep["pipeline_hf"]["seconds"], 4),
+                "whole_process_ov": round(lmeval_cli_s / rep["pipeline_ov"]["seconds"], 4),
+                "whole_process_hf": round(lmeval_cli_s / rep["pipeline_hf"]["seconds"], 4),
+                **{
+                    f"whole_process_ov_vs_lmeval_{b.name}": round(
+                        rep[cli_arm[b.name]]["seconds"] / rep["pipeline_ov"]["seconds"], 4
+                    )
+                    for b in backends
+                },
                 "generation_only_ov_direct": round(lmeval_gen_s / rep["direct_ov"]["seconds"], 4),
+                **{
+                    f"generation_only_ov_direct_vs_lmeval_{b.name}": round(
+                        rep[gen_arm[b.name]]["generate_s"] / rep["direct_ov"]["seconds"], 4
+                    )
+                    for b in backends
+                },
                 "generation_only_ov_engine_busy": round(
                     lmeval_gen_s / max(1e-9, rep["pipeline_ov"]["engine_busy_s"]), 4
                 ),
@@ -498,23 +637,30 @@ def main() -> None:
             recording.log(
                 f"repeat {r}: {rep['ratios']}, hf↔ov identical {rep['compare_hf_ov']['identical_share']}"
             )
-            for arm in ("lmeval_cli", "lmeval_generate", "direct_ov"):
+            for arm in (*by_arm, "direct_ov"):
                 rep[arm] = {k: v for k, v in rep[arm].items() if k not in ("responses", "first_prompt")}
             reps.append(rep)
     finally:
-        lm.close()
+        for d in drivers.values():
+            d.close()
 
-    first_prompt = gen_sweep[0].get("first_prompt")
+    first_prompt = gen_sweep["hf"][0].get("first_prompt")
     engine_prompt = pipeline_prompt(model_dir, rows, first_prompt)
     ratio_names = list(reps[0]["ratios"])
     ratios = {k: med([x["ratios"][k] for x in reps]) for k in ratio_names}
     identical = med([x["compare_hf_ov"]["identical_share"] for x in reps])
     p_values = [x["compare_hf_ov"]["mcnemar"]["p_value"] for x in reps]
-    loads = [x[a]["loadavg_1m"] for x in reps for a in ("lmeval_cli", "pipeline_ov", "pipeline_hf")]
+    loads = [
+        x[a]["loadavg_1m"]
+        for x in reps
+        for a in (*(cli_arm[b.name] for b in backends), "pipeline_ov", "pipeline_hf")
+    ]
+    lm_version = drivers["hf"].ready.get("lm_eval")
+    best = "; ".join(f"{k}: CLI batch {best_cli[k]}, generate {best_gen[k]}" for k in best_cli)
     note = (
-        f"{n} questions, ≤ {max_tokens} new tokens, lm-eval {lm.ready.get('lm_eval')} HF backend at its best batch "
-        f"(CLI {best_cli}, generate {best_gen} of {sweep}); pipeline `{ov_spec}` fp32; median of {len(reps)} repeats, "
-        f"load average {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} cores"
+        f"{n} questions, ≤ {max_tokens} new tokens, lm-eval {lm_version} at its fastest faithful backend "
+        f"({', '.join(faithful)}) and best batch of {sweep} ({best}); pipeline `{ov_spec}` fp32; median of "
+        f"{len(reps)} repeats, load average {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} cores"
     )
 
     def goal(
@@ -572,7 +718,7 @@ def main() -> None:
                 "sweep": sweep,
                 "repeats": repeats,
                 "model_dir": str(model_dir),
-                "lmeval_version": lm.ready.get("lm_eval"),
+                "lmeval_version": lm_version,
                 "engines": {"ov": ov_spec, "hf": hf_spec},
                 "worker_batch_limits": {
                     "ov": settings.batch_limits(ov_spec, "cpu"),
@@ -586,17 +732,20 @@ def main() -> None:
                 "ov_revision": revision,
             },
             "lmeval_venv": venv,
-            "lmeval_openvino_backend": (
-                "not run: lm-eval's openvino backend needs optimum-intel, which requires transformers < 5.6 "
-                "while this project (and lm-eval's hf backend here) uses 5.24; it is also a static-batch "
-                "transformers generate() loop on OpenVINO, not continuous batching"
-            ),
-            "lmeval_start": {k: v for k, v in lm.ready.items() if k != "ready"},
+            "lmeval_openvino_backend": ov_backend,
+            "lmeval_faithful_backends": faithful,
+            "lmeval_start": {
+                k: {x: v for x, v in d.ready.items() if x != "ready"} for k, d in drivers.items()
+            },
             "prompts_identical": engine_prompt is not None and engine_prompt == first_prompt,
             "first_prompt": first_prompt,
-            "lmeval_cli_sweep": [{k: v for k, v in s.items() if k != "responses"} for s in cli_sweep],
+            "lmeval_cli_sweep": [
+                {k: v for k, v in x.items() if k != "responses"} for runs in cli_sweep.values() for x in runs
+            ],
             "lmeval_generate_sweep": [
-                {k: v for k, v in s.items() if k not in ("responses", "first_prompt")} for s in gen_sweep
+                {k: v for k, v in x.items() if k not in ("responses", "first_prompt")}
+                for runs in gen_sweep.values()
+                for x in runs
             ],
             "best_batch_size": {"cli": best_cli, "generate": best_gen},
             "repeats": reps,
@@ -604,9 +753,19 @@ def main() -> None:
                 **ratios,
                 "identical_hf_ov": identical,
                 "lmeval_cli_s": med([x["lmeval_cli"]["seconds"] for x in reps]),
+                **(
+                    {"lmeval_cli_ov_s": med([x["lmeval_cli_ov"]["seconds"] for x in reps])}
+                    if "openvino" in drivers
+                    else {}
+                ),
                 "pipeline_ov_s": med([x["pipeline_ov"]["seconds"] for x in reps]),
                 "pipeline_hf_s": med([x["pipeline_hf"]["seconds"] for x in reps]),
                 "lmeval_generate_s": med([x["lmeval_generate"]["generate_s"] for x in reps]),
+                **(
+                    {"lmeval_generate_ov_s": med([x["lmeval_generate_ov"]["generate_s"] for x in reps])}
+                    if "openvino" in drivers
+                    else {}
+                ),
                 "direct_ov_s": med([x["direct_ov"]["seconds"] for x in reps]),
             },
             "goals": goals,

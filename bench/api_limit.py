@@ -18,7 +18,7 @@ Retry-After, retry-after-ms and x-ratelimit-* headers. Every arm starts on full 
   exact match; tokenizer_backend=None, so nothing is downloaded) from bench/.venv-lmeval
   (created as against_lmeval.py does, plus lm-eval's `[api]` extra), a process timed from
   start to exit. `max_retries` is raised from its default 3 to 10, so that no arm dies of
-  429s (generous to lm-eval). Its `num_concurrent` is swept (1, 2, 4, 8, 16, 32) on a
+  429s (generous to lm-eval). Its `num_concurrent` is swept (1–8, 16, 32) on a
   smaller set, in one lm-eval process (bench/lmeval_api_sweep.py: start-up paid once, each
   value timed around its `simple_evaluate`); the fastest is lm-eval's best.
 
@@ -57,7 +57,7 @@ TASK = "evalstream_api_qa"
 MAX_TOKENS = 16
 GOAL_SHARE, GOAL_429, GOAL_SPEEDUP = 0.95, 0.01, 2.0
 LMEVAL_MAX_RETRIES = 10
-SWEEP = [1, 2, 4, 8, 16, 32]
+SWEEP = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32]
 
 
 # ----------------------------------------------------------------------------- the provider

@@ -1,6 +1,8 @@
 """Runs lm-evaluation-harness for bench/against_lmeval.py, inside bench/.venv-lmeval.
 
-Loads lm-eval's HF backend (HFLM) once on the model folder it is given, then answers one
+Loads one lm-eval backend once on the model folder it is given (`hf`: HFLM on the
+safetensors; `openvino`: OptimumLM on an optimum-intel IR, run from bench/.venv-lmeval-ov with
+an OpenVINO config file), then answers one
 JSON command per stdin line, `{"batch_size": B, "limit": N|null}`, with one JSON line on
 stdout: the wall time of `simple_evaluate` on the evalstream_short_qa task (task set-up,
 generation, scoring; the model is already loaded, as a pipeline worker's is), the part of
@@ -29,6 +31,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--max-gen-toks", type=int, required=True)
+    ap.add_argument("--backend", choices=("hf", "openvino"), default="hf")
+    ap.add_argument("--ov-config", help="OpenVINO config JSON (the openvino backend)")
     args = ap.parse_args()
     # Nothing is fetched from a hub: local model folder, local JSONL.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,10 +55,23 @@ def main() -> None:
     # the same thread count the pipeline's HFEngine uses: every core this process may use
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     t1 = time.perf_counter()
-    lm = HFLM(pretrained=args.model_dir, dtype="float32", device="cpu", batch_size=1)
+    if args.backend == "openvino":
+        from lm_eval.models.optimum_lm import OptimumLM
+
+        lm = OptimumLM(pretrained=args.model_dir, device="cpu", batch_size=1, ov_config=args.ov_config)
+    else:
+        lm = HFLM(pretrained=args.model_dir, dtype="float32", device="cpu", batch_size=1)
     load_s = time.perf_counter() - t1
     tasks = TaskManager(include_path=str(HERE))
-    emit({"ready": True, "import_s": round(imported, 3), "load_s": round(load_s, 3), "lm_eval": _version()})
+    emit(
+        {
+            "ready": True,
+            "backend": args.backend,
+            "import_s": round(imported, 3),
+            "load_s": round(load_s, 3),
+            "lm_eval": _version(),
+        }
+    )
 
     generate = lm.generate_until
     spent: dict[str, float] = {"generate_s": 0.0}
