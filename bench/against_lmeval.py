@@ -126,19 +126,7 @@ def ensure_lmeval_venv(
         str(paths.ROOT / ".venv" / "lib" / pyver / "site-packages") + "\n"
     )
     assert Path(project_site).resolve() == (paths.ROOT / ".venv" / "lib" / pyver / "site-packages").resolve()
-    subprocess.run(
-        [
-            str(py),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            f"lm-eval=={LMEVAL_VERSION}",
-            *extras,
-        ],
-        check=True,
-    )
+    paths.pip_install(py, f"lm-eval=={LMEVAL_VERSION}", *extras)
     seconds = time.monotonic() - t0
     torch_bytes = sum(
         _dir_bytes(p)

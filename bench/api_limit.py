@@ -179,18 +179,7 @@ def ensure_api_extra() -> None:
     if subprocess.run(check, capture_output=True).returncode == 0:
         return
     recording.log(f"adding lm-eval[api]=={LMEVAL_VERSION} to {VENV}")
-    subprocess.run(
-        [
-            str(py),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            f"lm-eval[api]=={LMEVAL_VERSION}",
-        ],
-        check=True,
-    )
+    paths.pip_install(py, f"lm-eval[api]=={LMEVAL_VERSION}")
 
 
 def write_task(folder: Path, dataset: Path) -> Path:

@@ -44,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.paths import pip_install
 from bench.pure import goal_row, replace_between
 from bench.recording import arg_parser, log, write_result
 from evalstream.cli.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
@@ -382,20 +383,7 @@ def ensure_cleanlab_venv() -> tuple[Path | None, dict[str, Any]]:
         # a plain venv of the interpreter the project's venv was made from
         base = Path(sys.base_prefix) / "bin" / "python3"
         subprocess.run([str(base), "-m", "venv", str(CLEANLAB_VENV)], check=True, capture_output=True)
-        subprocess.run(
-            [
-                str(py),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                f"cleanlab=={CLEANLAB_VERSION}",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=900,
-        )
+        pip_install(py, f"cleanlab=={CLEANLAB_VERSION}", capture_output=True, timeout=900)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         return None, {"created": False, "error": f"cleanlab did not install: {exc}"}
     return py, {"created": True, "path": str(CLEANLAB_VENV), "install_s": round(time.monotonic() - t0, 1)}
