@@ -14,31 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.common.settings import Settings
-from evalstream.worker.engines import GenOutput, GenRequest, bundled_model_path, load_engine
+from evalstream.worker.engines import GenOutput, bundled_model_path, load_engine
 from evalstream.worker.engines.hf import HFEngine, file_sha256
 from evalstream.worker.engines.ov import OpenVINOEngine
 from evalstream.worker.engines.ov_convert import IR_MARKER, IR_XML
+from tests.model.helpers import QUESTIONS as HF_QUESTIONS
+from tests.model.helpers import answers, ask
 
 pytestmark = pytest.mark.model
 
 # The fixed prompt set of the agreement test: the hf engine's test questions and arithmetic
 # of the kind the benchmark asks.
 QUESTIONS = [
-    "What is the capital of France?",
-    "What is 12*12?",
-    "Write a python function that adds two numbers.",
-    "Name three colors.",
-    "Who wrote Hamlet?",
-    "Explain photosynthesis in one sentence.",
-    "List the planets of the solar system in order from the sun, and tell me which one is the "
-    "largest and why it is so much bigger than the others.",
-    "Write a SQL query that selects all rows from a table named users where age is greater than 30.",
-    "Is a tomato a fruit or a vegetable? Answer briefly.",
-    "Summarise the plot of Romeo and Juliet in two sentences, naming the families and the ending.",
-    "What does CPU stand for?",
-    "Give me a haiku about autumn leaves falling gently on the ground.",
+    *HF_QUESTIONS,
     *(f"What is {a} + {b}?\n\nAnswer in a few words." for a, b in [(17, 3), (5, 9), (120, 7), (41, 58)]),
     *(f"What is {a} * {b}?\n\nAnswer in a few words." for a, b in [(6, 7), (12, 11), (3, 15), (25, 4)]),
 ]
@@ -47,28 +36,10 @@ QUESTIONS = [
 AGREEMENT_FLOOR = 0.95
 
 
-def ask(item_id: str, question: str, **params: object) -> GenRequest:
-    return GenRequest(item_id, [ChatMessage("user", question)], GenerationParams(**params))  # type: ignore[arg-type]
-
-
-def answers(outs: Sequence[object]) -> list[GenOutput]:
-    checked = [o for o in outs if isinstance(o, GenOutput)]
-    assert len(checked) == len(outs), outs
-    return checked
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[OpenVINOEngine]:
     loaded = load_engine("ov:smollm2-135m-instruct", Settings.from_env())
     assert isinstance(loaded, OpenVINOEngine)
-    yield loaded
-    loaded.close()
-
-
-@pytest.fixture(scope="module")
-def hf() -> Iterator[HFEngine]:
-    loaded = load_engine("hf:smollm2-135m-instruct", Settings.from_env())
-    assert isinstance(loaded, HFEngine)
     yield loaded
     loaded.close()
 
