@@ -158,6 +158,22 @@ class TestLearnedBucket:
         assert bucket.rate == pytest.approx(9.9 * 0.97 * bucket.HEADROOM)
 
 
+def test_a_reading_that_overtook_an_earlier_request_credits_no_capacity_it_lacks() -> None:
+    # A and B leave together; B reaches the provider first, so its reading does not show A
+    provider = RateLimits(rps=10, rpm=0)
+    learned = LearnedLimits()
+    learned.reserve({"requests": 1}, 0.0)  # A
+    _, mark_b = learned.reserve({"requests": 1}, 0.0)
+    headers_b = provider.admit(1, 1, 0.0).headers
+    provider.admit(1, 1, 0.0)  # A, after B
+    learned.observe(headers_b, mark_b, sent_at=0.0, now=0.0)
+    (bucket,) = learned.buckets.values()
+    assert bucket.bucket is not None and bucket.bucket.tokens <= provider.buckets[0].level == 8
+    learned.answered({"requests": 1})
+    learned.answered({"requests": 1})
+    assert learned.reserve({"requests": 1}, 0.0)[1] == {"requests": 3.0}  # nothing in flight now
+
+
 def test_learned_limits_are_bounded_per_unit() -> None:
     learned = LearnedLimits()
     for limit in range(1, 20):  # a server that reports a new limit every time

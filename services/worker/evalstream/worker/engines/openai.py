@@ -386,17 +386,29 @@ class LearnedLimits:
     def __init__(self) -> None:
         self.buckets: dict[tuple[str, float], LearnedBucket] = {}
         self.reserved = {"requests": 0.0, "tokens": 0.0}  # cumulative, to count what was sent since
+        self.unanswered = {"requests": 0.0, "tokens": 0.0}  # reserved, answer not yet read
 
     def reserve(self, costs: Mapping[str, float], now: float) -> tuple[float, dict[str, float]]:
         """Takes `costs` ({"requests": 1, "tokens": n}) from every paced bucket: returns the
-        wait and the cumulative reservations after this one (the request's mark)."""
+        wait and the request's mark: the cumulative reservations after this one, less what
+        was still unanswered before it. Requests in flight together reach the provider in
+        any order, so a reading may predate any of those; counting them as spent after it
+        never credits the provider with capacity it no longer has."""
         wait = 0.0
         for b in self.buckets.values():
             if b.bucket is not None and b.rate is not None:
                 wait = max(wait, b.bucket.reserve(now, costs.get(b.unit, 0.0)))
+        mark = {}
         for unit, cost in costs.items():
             self.reserved[unit] = self.reserved.get(unit, 0.0) + cost
-        return wait, dict(self.reserved)
+            mark[unit] = self.reserved[unit] - self.unanswered.get(unit, 0.0)
+            self.unanswered[unit] = self.unanswered.get(unit, 0.0) + cost
+        return wait, mark
+
+    def answered(self, costs: Mapping[str, float]) -> None:
+        """A reserved request's answer (or failure) is in: it no longer predates readings."""
+        for unit, cost in costs.items():
+            self.unanswered[unit] = max(0.0, self.unanswered.get(unit, 0.0) - cost)
 
     def observe(
         self, headers: Mapping[str, str], mark: Mapping[str, float], sent_at: float, now: float
@@ -725,8 +737,9 @@ class OpenAIEngine:
                 await self._answered.wait()
             self._probe_sent = True
         epoch = await self._gate.enter()
+        costs = request_costs(body)
+        mark: dict[str, float] | None = None
         try:
-            costs = request_costs(body)
             mark = await self._pace(costs)
             sent_at = self._clock()
             self.stats["requests"] += 1
@@ -756,6 +769,8 @@ class OpenAIEngine:
                 )
             return self._classify(response, content, epoch, readings, costs)
         finally:
+            if mark is not None:
+                self.learned.answered(costs)
             self._answered.set()
             await self._gate.leave()
 
@@ -767,7 +782,11 @@ class OpenAIEngine:
         learned_wait, mark = self.learned.reserve(costs, now)
         wait = max(wait, learned_wait)
         if wait > 0:
-            await asyncio.sleep(wait)
+            try:
+                await asyncio.sleep(wait)
+            except BaseException:
+                self.learned.answered(costs)  # cancelled: never sent
+                raise
         return mark
 
     def _classify(
