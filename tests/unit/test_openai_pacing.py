@@ -162,16 +162,29 @@ def test_a_reading_that_overtook_an_earlier_request_credits_no_capacity_it_lacks
     # A and B leave together; B reaches the provider first, so its reading does not show A
     provider = RateLimits(rps=10, rpm=0)
     learned = LearnedLimits()
-    learned.reserve({"requests": 1}, 0.0)  # A
-    _, mark_b = learned.reserve({"requests": 1}, 0.0)
+    _, a = learned.reserve({"requests": 1}, 0.0)
+    _, b = learned.reserve({"requests": 1}, 0.0)
     headers_b = provider.admit(1, 1, 0.0).headers
     provider.admit(1, 1, 0.0)  # A, after B
-    learned.observe(headers_b, mark_b, sent_at=0.0, now=0.0)
+    learned.observe(headers_b, b, sent_at=0.0, now=0.0)
     (bucket,) = learned.buckets.values()
-    assert bucket.bucket is not None and bucket.bucket.tokens <= provider.buckets[0].level == 8
-    learned.answered({"requests": 1})
-    learned.answered({"requests": 1})
-    assert learned.reserve({"requests": 1}, 0.0)[1] == {"requests": 3.0}  # nothing in flight now
+    assert bucket.bucket is not None and bucket.bucket.tokens == provider.buckets[0].level == 8
+    for done in (b, a):
+        learned.answered(done)
+    assert learned.unanswered == {}
+
+
+def test_an_earlier_request_answered_before_a_reading_is_not_counted_again() -> None:
+    provider = RateLimits(rps=10, rpm=0)
+    learned = LearnedLimits()
+    _, a = learned.reserve({"requests": 1}, 0.0)
+    _, b = learned.reserve({"requests": 1}, 0.0)
+    headers_a, headers_b = provider.admit(1, 1, 0.0).headers, provider.admit(1, 1, 0.0).headers
+    learned.observe(headers_a, a, sent_at=0.0, now=0.0)  # B counted as sent after A's reading
+    learned.answered(a)
+    learned.observe(headers_b, b, sent_at=0.0, now=0.0)  # A answered: already in B's reading
+    (bucket,) = learned.buckets.values()
+    assert bucket.bucket is not None and bucket.bucket.tokens == provider.buckets[0].level == 8
 
 
 def test_learned_limits_are_bounded_per_unit() -> None:
@@ -179,7 +192,9 @@ def test_learned_limits_are_bounded_per_unit() -> None:
     for limit in range(1, 20):  # a server that reports a new limit every time
         headers = {"x-ratelimit-limit-requests": str(limit * 10), "x-ratelimit-remaining-requests": "0",
                    "x-ratelimit-reset-requests": "1s"}  # fmt: skip
-        learned.observe(headers, {}, 0.0, float(limit))
+        _, sent = learned.reserve({"requests": 1}, float(limit))
+        learned.observe(headers, sent, float(limit), float(limit))
+        learned.answered(sent)
     assert len(learned.buckets) == MAX_LEARNED_BUCKETS
 
 

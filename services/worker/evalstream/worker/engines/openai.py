@@ -380,39 +380,50 @@ class LearnedBucket:
             self.low *= 0.97
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """A request's place in what this client sent: `seq` orders reservations, `after` is the
+    cumulative reservations once it was made (to count what was sent after it)."""
+
+    seq: int
+    costs: Mapping[str, float]
+    after: Mapping[str, float]
+
+
 class LearnedLimits:
     """The provider's buckets learned from `x-ratelimit-*` headers, one per (unit, limit)."""
 
     def __init__(self) -> None:
         self.buckets: dict[tuple[str, float], LearnedBucket] = {}
         self.reserved = {"requests": 0.0, "tokens": 0.0}  # cumulative, to count what was sent since
-        self.unanswered = {"requests": 0.0, "tokens": 0.0}  # reserved, answer not yet read
+        self.unanswered: dict[int, Reservation] = {}  # at most the engine's concurrency
+        self._seq = 0
 
-    def reserve(self, costs: Mapping[str, float], now: float) -> tuple[float, dict[str, float]]:
+    def reserve(self, costs: Mapping[str, float], now: float) -> tuple[float, Reservation]:
         """Takes `costs` ({"requests": 1, "tokens": n}) from every paced bucket: returns the
-        wait and the request's mark: the cumulative reservations after this one, less what
-        was still unanswered before it. Requests in flight together reach the provider in
-        any order, so a reading may predate any of those; counting them as spent after it
-        never credits the provider with capacity it no longer has."""
+        wait and the request's reservation, unanswered until `answered`."""
         wait = 0.0
         for b in self.buckets.values():
             if b.bucket is not None and b.rate is not None:
                 wait = max(wait, b.bucket.reserve(now, costs.get(b.unit, 0.0)))
-        mark = {}
         for unit, cost in costs.items():
             self.reserved[unit] = self.reserved.get(unit, 0.0) + cost
-            mark[unit] = self.reserved[unit] - self.unanswered.get(unit, 0.0)
-            self.unanswered[unit] = self.unanswered.get(unit, 0.0) + cost
-        return wait, mark
+        self._seq += 1
+        reservation = Reservation(self._seq, dict(costs), dict(self.reserved))
+        self.unanswered[reservation.seq] = reservation
+        return wait, reservation
 
-    def answered(self, costs: Mapping[str, float]) -> None:
-        """A reserved request's answer (or failure) is in: it no longer predates readings."""
-        for unit, cost in costs.items():
-            self.unanswered[unit] = max(0.0, self.unanswered.get(unit, 0.0) - cost)
+    def answered(self, reservation: Reservation) -> None:
+        """Its answer (or failure) is in, and its reading, if any, observed."""
+        self.unanswered.pop(reservation.seq, None)
 
     def observe(
-        self, headers: Mapping[str, str], mark: Mapping[str, float], sent_at: float, now: float
+        self, headers: Mapping[str, str], reservation: Reservation, sent_at: float, now: float
     ) -> list[LimitReading]:
+        """Requests in flight together reach the provider in any order, so the reading may
+        predate any earlier request still unanswered: those count as spent after it, as do
+        all later ones. An earlier request already answered had its own reading observed,
+        and the balance never rises on a reading: it needs no counting."""
         readings = rate_limit_readings(headers)
         for r in readings:
             key = (r.unit, r.limit)
@@ -421,7 +432,10 @@ class LearnedLimits:
                 if sum(1 for u, _ in self.buckets if u == r.unit) >= MAX_LEARNED_BUCKETS:
                     del self.buckets[next(k for k in self.buckets if k[0] == r.unit)]
                 bucket = self.buckets[key] = LearnedBucket(r.unit, r.limit)
-            spent_since = self.reserved.get(r.unit, 0.0) - mark.get(r.unit, 0.0)
+            spent_since = self.reserved.get(r.unit, 0.0) - reservation.after.get(r.unit, 0.0)
+            spent_since += sum(
+                e.costs.get(r.unit, 0.0) for e in self.unanswered.values() if e.seq < reservation.seq
+            )
             bucket.observe(r, spent_since, now - sent_at, now)
         return readings
 
@@ -738,9 +752,9 @@ class OpenAIEngine:
             self._probe_sent = True
         epoch = await self._gate.enter()
         costs = request_costs(body)
-        mark: dict[str, float] | None = None
+        reservation: Reservation | None = None
         try:
-            mark = await self._pace(costs)
+            reservation = await self._pace(costs)
             sent_at = self._clock()
             self.stats["requests"] += 1
             try:
@@ -762,32 +776,32 @@ class OpenAIEngine:
                     f"{self.config.max_response_bytes} bytes"
                 )
             paced_before = self.learned.rates()
-            readings = self.learned.observe(response.headers, mark, sent_at, self._clock())
+            readings = self.learned.observe(response.headers, reservation, sent_at, self._clock())
             if self.learned.rates().keys() != paced_before.keys():
                 log.info(
                     "%s: pacing at the provider's limits %s (learned)", self.revision, self.learned.rates()
                 )
             return self._classify(response, content, epoch, readings, costs)
         finally:
-            if mark is not None:
-                self.learned.answered(costs)
+            if reservation is not None:
+                self.learned.answered(reservation)
             self._answered.set()
             await self._gate.leave()
 
-    async def _pace(self, costs: Mapping[str, float]) -> dict[str, float]:
-        """Waits for the configured rates and the learned ones; returns the request's mark
+    async def _pace(self, costs: Mapping[str, float]) -> Reservation:
+        """Waits for the configured rates and the learned ones; returns the request's place
         in the learned limits' reservations."""
         now = self._clock()
         wait = max((b.reserve(now) for b in self._buckets), default=0.0)
-        learned_wait, mark = self.learned.reserve(costs, now)
+        learned_wait, reservation = self.learned.reserve(costs, now)
         wait = max(wait, learned_wait)
         if wait > 0:
             try:
                 await asyncio.sleep(wait)
             except BaseException:
-                self.learned.answered(costs)  # cancelled: never sent
+                self.learned.answered(reservation)  # cancelled: never sent
                 raise
-        return mark
+        return reservation
 
     def _classify(
         self,
