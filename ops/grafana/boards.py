@@ -573,10 +573,13 @@ def runs() -> db.Dashboard:
             timeseries(
                 "Results / s",
                 (
-                    f"sum by (run_id, status) (rate(evalstream_run_items_total{{{selected}}}[{RATE}]))",
+                    f"sum by (run_id, status) (deriv(evalstream_run_items_total{{{selected}}}[{RATE}]))",
                     "{{run_id}} {{status}}",
                 ),
                 unit="reqps",
+                # a gauge (a redriven failure moves to succeeded): its slope, not rate(), which
+                # would read the fall of `failed` as a counter reset
+                description="Items recorded per second by outcome; a redrive shows as failed < 0.",
             )
         )
         .with_panel(

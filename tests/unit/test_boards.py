@@ -134,6 +134,23 @@ def test_queries_read_only_metrics_that_exist() -> None:
     assert not unknown, f"boards query metrics nobody exports: {sorted(unknown)}"
 
 
+def test_rates_are_taken_of_counters_never_of_gauges() -> None:
+    """rate() and increase() read a fall as a counter reset: over a gauge that can fall (a
+    run's failed items, when a redrive turns one into a success) they draw a spike."""
+    kinds: dict[str, str] = {}
+    for collector in list(REGISTRY._collector_to_names):
+        for metric in collector.describe() if hasattr(collector, "describe") else []:
+            for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+                kinds.setdefault(metric.name + suffix, metric.type)
+    rules = yaml.safe_load((RULES / "evalstream.yml").read_text())["groups"]
+    exprs = [expr for _, _, expr in all_queries()]
+    exprs += [str(rule["expr"]) for group in rules for rule in group["rules"]]
+    taken = re.compile(r"\b(?:rate|irate|increase)\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)")
+    over_gauges = {name for expr in exprs for name in taken.findall(expr) if kinds.get(name) == "gauge"}
+    assert not over_gauges, f"rate()/increase() over gauges: {sorted(over_gauges)}"
+    assert kinds["evalstream_run_items_total"] == "gauge"  # the check knows its gauges
+
+
 def test_substitute_replaces_variables_as_grafana_does() -> None:
     expr = 'rate(x{run_id=~"$run_id", g="${group}"}[$__rate_interval]) + increase(y[$__range])'
     assert (
