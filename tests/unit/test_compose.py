@@ -82,6 +82,9 @@ def _load_module(name: str, path: Path) -> ModuleType:
 
 
 stack = _load_module("evalstream_local_stack", ROOT / "ops/local/stack.py")
+# Compose mirrors the development stack; a stack beside it (the fault suite's, the bench's)
+# has every port shifted by EVALSTREAM_PORT_OFFSET, which may be set in this environment.
+STACK_OFFSET: int = sys.modules["localstack.config"].OFFSET
 lock_images = _load_module("evalstream_lock_images", DOCKER / "lock_images.py")
 
 
@@ -460,10 +463,13 @@ def test_infrastructure_ports_equal_the_local_stack() -> None:
         assert len(ports) == 1, name
         return ports[0][1]
 
-    assert single("kafka") == stack.KAFKA_PORT == int(DEFAULTS["KAFKA_BOOTSTRAP"].rsplit(":", 1)[1])
-    assert single("postgres") == stack.PG_PORT == urlsplit(DEFAULTS["DATABASE_URL"]).port
-    assert single("s3") == stack.S3_PORT == urlsplit(DEFAULTS["S3_ENDPOINT"]).port
-    assert single("prometheus") == stack.PROM_PORT
+    kafka, pg, s3, prom = (
+        p - STACK_OFFSET for p in (stack.KAFKA_PORT, stack.PG_PORT, stack.S3_PORT, stack.PROM_PORT)
+    )
+    assert single("kafka") == kafka == int(DEFAULTS["KAFKA_BOOTSTRAP"].rsplit(":", 1)[1])
+    assert single("postgres") == pg == urlsplit(DEFAULTS["DATABASE_URL"]).port
+    assert single("s3") == s3 == urlsplit(DEFAULTS["S3_ENDPOINT"]).port
+    assert single("prometheus") == prom
     for name in ("kafka", "postgres", "s3", "prometheus"):
         ((_ip, published, target),) = published_ports(COMPOSE["services"][name])
         assert published == target, name
@@ -770,7 +776,9 @@ def test_local_prometheus_scrapes_the_local_stack() -> None:
     assert file_sd == {"files": ["__STACK__/workers.json"], "refresh_interval": "5s"}
     (spawned,) = jobs["spawned"]["file_sd_configs"]
     assert spawned == {"files": ["__STACK__/spawned.json"], "refresh_interval": "5s"}
-    assert jobs["prometheus"]["static_configs"][0]["targets"] == [f"127.0.0.1:{stack.PROM_PORT}"]
+    assert jobs["prometheus"]["static_configs"][0]["targets"] == [
+        f"127.0.0.1:{stack.PROM_PORT - STACK_OFFSET}"
+    ]
 
 
 def test_grafana_provisions_the_compose_prometheus_and_the_boards_folder() -> None:
