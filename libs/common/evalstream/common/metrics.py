@@ -95,6 +95,30 @@ _RUN_SERIES: tuple[tuple[Counter | Gauge, tuple[str, ...]], ...] = (
 )
 
 
+# The series each service reports, made at 0 when it starts: a series that a scrape first
+# sees above 0 hides that first count from rate() and increase() (boards, alerts).
+_SERVICE_SERIES: dict[str, tuple[tuple[Counter | Histogram, tuple[str, ...]], ...]] = {
+    "producer": tuple((RUNS, (outcome,)) for outcome in ("running", "rejected")),
+    "worker": (
+        *((STAGE_LATENCY, (stage,)) for stage in ("queue_wait", "engine", "grading", "worker_batch")),
+        *((ITEMS, ("worker", s)) for s in ("succeeded", "cache_hit", "retried", "dead_lettered")),
+        *((SHARDS, ("worker", outcome)) for outcome in ("done", "dead_lettered")),
+    ),
+    "aggregator": (
+        (STAGE_LATENCY, ("end_to_end",)),
+        *((ITEMS, ("aggregator", s)) for s in ("succeeded", "failed")),
+        (RUNS, ("completed",)),
+    ),
+}
+
+
+def start_series(service: str | None) -> None:
+    """Makes `service`'s series at 0 (a process calls this once, as it starts); a worker's
+    name carries its group ("worker-<group>")."""
+    for metric, labels in _SERVICE_SERIES.get((service or "").partition("-")[0], ()):
+        metric.labels(*labels)
+
+
 def forget_run(run_id: str) -> None:
     """Drops every series labelled with `run_id` (after the run completed and boards had
     time to show it): run ids are unbounded, the registry must not be."""

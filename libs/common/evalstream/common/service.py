@@ -27,7 +27,7 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.prometheus import KafkaPrometheusMiddleware
 from prometheus_client import REGISTRY, make_asgi_app
 
-from evalstream.common import logs, telemetry, topics
+from evalstream.common import logs, metrics, telemetry, topics
 from evalstream.common.kafka_security import broker_security
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import decode
@@ -163,6 +163,7 @@ class _App(AsgiFastStream):
 
 def run(app: AsgiFastStream, settings: ServiceSettings) -> None:
     logs.configure(settings.log_level, _process.name)
+    metrics.start_series(_process.name)
     config = uvicorn.Config(
         app,
         host=settings.http_host,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from evalstream.common.metrics import ENGINE_REQUESTS
 from evalstream.common.settings import WorkerSettings
 from evalstream.common.specs import serves
 from evalstream.worker.engines import load_engine
@@ -27,6 +28,7 @@ class Engines:
                 )
             engine = self.test_hooks.wrap(load_engine(spec, self.settings))
             self._loaded[spec] = engine
+            ENGINE_REQUESTS.labels(model=engine.name)  # at 0 from its load (metrics.start_series)
         return engine
 
     def close(self) -> None:
