@@ -750,8 +750,8 @@ class OpenAIEngine:
             if self._probe_sent:
                 await self._answered.wait()
             self._probe_sent = True
-        epoch = await self._gate.enter()
         costs = request_costs(body)
+        epoch = await self._gate.enter()
         reservation: Reservation | None = None
         try:
             reservation = await self._pace(costs)
