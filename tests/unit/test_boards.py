@@ -114,15 +114,18 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     assert subprocess.run([promtool, "check", "rules", str(path)], capture_output=True).returncode != 0
 
 
-def test_queries_read_only_metrics_that_exist() -> None:
-    exported = set()
+def exported_kinds() -> dict[str, str]:
+    """Every sample name the registered metrics export, with its metric's type."""
+    kinds: dict[str, str] = {}
     for collector in list(REGISTRY._collector_to_names):
         for metric in collector.describe() if hasattr(collector, "describe") else []:
-            exported |= {
-                metric.name,
-                metric.name + "_total",
-                *(metric.name + s for s in ("_bucket", "_sum", "_count")),
-            }
+            for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+                kinds.setdefault(metric.name + suffix, metric.type)
+    return kinds
+
+
+def test_queries_read_only_metrics_that_exist() -> None:
+    exported = exported_kinds()
     recorded = set(re.findall(r"record:\s*(\S+)", "".join(p.read_text() for p in RULES.glob("*.yml"))))
     # FastStream's Prometheus middleware and the client's process collector export these.
     foreign = re.compile(r"^(faststream_received_|process_resident_memory_bytes$)")
@@ -137,11 +140,7 @@ def test_queries_read_only_metrics_that_exist() -> None:
 def test_rates_are_taken_of_counters_never_of_gauges() -> None:
     """rate() and increase() read a fall as a counter reset: over a gauge that can fall (a
     run's failed items, when a redrive turns one into a success) they draw a spike."""
-    kinds: dict[str, str] = {}
-    for collector in list(REGISTRY._collector_to_names):
-        for metric in collector.describe() if hasattr(collector, "describe") else []:
-            for suffix in ("", "_total", "_bucket", "_sum", "_count"):
-                kinds.setdefault(metric.name + suffix, metric.type)
+    kinds = exported_kinds()
     rules = yaml.safe_load((RULES / "evalstream.yml").read_text())["groups"]
     exprs = [expr for _, _, expr in all_queries()]
     exprs += [str(rule["expr"]) for group in rules for rule in group["rules"]]

@@ -28,7 +28,8 @@ class Engines:
                 )
             engine = self.test_hooks.wrap(load_engine(spec, self.settings))
             self._loaded[spec] = engine
-            ENGINE_REQUESTS.labels(model=engine.name)  # at 0 from its load (metrics.start_series)
+            # at 0 from its load: a scrape before its first batch lets rate() see that batch
+            ENGINE_REQUESTS.labels(model=engine.name)
         return engine
 
     def close(self) -> None:
