@@ -81,8 +81,8 @@ async def submit_private(settings: Settings, shards_topic: str, job: JobSpec) ->
     await producer.start()
     try:
 
-        async def publish(payload: bytes, key: str) -> None:
-            await producer.send_and_wait(shards_topic, payload, key=key.encode())
+        async def publish(payload: bytes, key: bytes) -> None:
+            await producer.send_and_wait(shards_topic, payload, key=key)
 
         status = await Intake(settings, pool, storage.client(settings)).handle(job, job.run_id, publish)
         assert status == "running", status

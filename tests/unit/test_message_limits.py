@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from evalstream.aggregator.store import _one_per_item, _storable
+from evalstream.aggregator.store import Sourced, _one_per_item, storable
 from evalstream.common.messages import GenerationParams, Item, ItemResult, RetryPolicy, ShardResult, encode
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
-from evalstream.producer.intake import chunk_items
+from evalstream.producer.sharding import plan_chunks
 from evalstream.worker.engines.base import GenRequest, TransientEngineError
 from evalstream.worker.publishing import result_messages
 from evalstream.worker.runner import ModelRunner
@@ -20,11 +20,12 @@ def long_items(n: int, size: int) -> list[Item]:
 
 def test_shards_are_cut_by_size_as_well_as_count() -> None:
     items = long_items(40, 40_000)  # 32 of them would be 1.28 MB
-    chunks = chunk_items(items, max_items=32, max_bytes=MESSAGE_BUDGET_BYTES)
-    assert [i.id for c in chunks for i in c] == [i.id for i in items]
-    assert all(sum(len(encode(i)) for i in c) <= MESSAGE_BUDGET_BYTES for c in chunks)
-    assert len(chunks) == 2 and len(chunks[0]) == 22
-    assert [len(c) for c in chunk_items(long_items(70, 10), 32, MESSAGE_BUDGET_BYTES)] == [32, 32, 6]
+    sizes = [len(encode(i)) for i in items]
+    chunks = plan_chunks(sizes, max_items=32, max_bytes=MESSAGE_BUDGET_BYTES)
+    assert sum(chunks) == len(items) and chunks == [22, 18]
+    assert sum(sizes[:22]) <= MESSAGE_BUDGET_BYTES and sum(sizes[22:]) <= MESSAGE_BUDGET_BYTES
+    small = [len(encode(i)) for i in long_items(70, 10)]
+    assert plan_chunks(small, 32, MESSAGE_BUDGET_BYTES) == [32, 32, 6]
 
 
 def result(i: int, size: int) -> ItemResult:
@@ -74,8 +75,9 @@ def test_one_row_per_item_in_a_batch_prefers_the_success() -> None:
     )
     ok = result(0, 1)
     ok = ItemResult(**{**{f: getattr(ok, f) for f in ok.__struct_fields__}, "item_id": "a"})
-    assert _one_per_item([failed, ok, failed]) == [ok]
-    assert _storable("a\x00b") == "a\ufffdb" and _storable(3) == 3
+    rows = [Sourced(failed, "t:0:1"), Sourced(ok, "t:0:2"), Sourced(failed, "t:0:3")]
+    assert [r.result for r in _one_per_item(rows)] == [ok]
+    assert storable("a\x00b") == "a\ufffdb" and storable(3) == 3
 
 
 class Raising:

@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from evalstream.common import acls, db, storage
 from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.settings import BootstrapSettings
-from evalstream.common.topics_admin import ensure_topics
+from evalstream.common.topics_admin import ensure_topic_layout
 
 
 def default_groups() -> list[str]:
@@ -26,7 +26,7 @@ def default_groups() -> list[str]:
 
 
 async def bootstrap(settings: BootstrapSettings, groups: list[str]) -> None:
-    topics = await ensure_topics(settings, groups)
+    changes = await ensure_topic_layout(settings, groups)
     acl_change = "broker without authentication: no ACLs"
     if settings.kafka_security_protocol.upper() != "PLAINTEXT":
         admin = AIOKafkaAdminClient(**client_kwargs(settings))
@@ -39,7 +39,9 @@ async def bootstrap(settings: BootstrapSettings, groups: list[str]) -> None:
     buckets = await asyncio.to_thread(storage.ensure_buckets, settings)
     applied = await db.migrate(settings.database_url)
     print(
-        f"bootstrap: topics created {topics or 'none'}; {acl_change}; buckets created {buckets or 'none'}; "
+        f"bootstrap: topics created {changes.created or 'none'}; partitions raised "
+        f"{ {t: f'{a}->{b}' for t, (a, b) in changes.grown.items()} or 'none' }; {acl_change}; "
+        f"buckets created {buckets or 'none'}; "
         f"migrations applied {applied or 'none'}"
     )
 

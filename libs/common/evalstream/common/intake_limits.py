@@ -12,10 +12,12 @@ names, so they are plain names.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from minio import Minio
 from minio.error import S3Error
@@ -65,13 +67,21 @@ def max_item_bytes(job: JobSpec) -> int:
 
 
 def read_dataset(uri: str, s3: Minio, settings: ProducerSettings) -> tuple[bytes, str]:
-    """The dataset's bytes and file name. Raises DatasetSourceError."""
+    """The dataset's bytes and file name (copy_dataset into memory). Raises DatasetSourceError."""
+    out = io.BytesIO()
+    name = copy_dataset(uri, s3, settings, out)
+    return out.getvalue(), name
+
+
+def copy_dataset(uri: str, s3: Minio, settings: ProducerSettings, out: BinaryIO) -> str:
+    """Copies the dataset into `out` (a file: a set of any size costs no memory); returns
+    its file name. Raises DatasetSourceError."""
     if uri.startswith("s3://"):
-        return _read_object(uri, s3, settings)
-    return _read_local(uri, settings)
+        return _copy_object(uri, s3, settings, out)
+    return _copy_local(uri, settings, out)
 
 
-def _read_object(uri: str, s3: Minio, settings: ProducerSettings) -> tuple[bytes, str]:
+def _copy_object(uri: str, s3: Minio, settings: ProducerSettings, out: BinaryIO) -> str:
     bucket, key = storage.parse_s3_uri(uri)
     if bucket != settings.s3_bucket_datasets:
         raise DatasetSourceError(
@@ -82,15 +92,15 @@ def _read_object(uri: str, s3: Minio, settings: ProducerSettings) -> tuple[bytes
         size = s3.stat_object(bucket, key).size or 0
         if size > limit:
             raise DatasetSourceError(f"the dataset is {size} bytes, over the {limit}-byte limit")
-        data = storage.get_bytes(s3, bucket, key, max_bytes=limit + 1)
+        copied = storage.get_into(s3, bucket, key, out, max_bytes=limit)
     except S3Error as exc:
         raise DatasetSourceError(f"cannot read {uri}: {exc.code}") from exc
-    if len(data) > limit:
+    if copied > limit:
         raise DatasetSourceError(f"the dataset is over the {limit}-byte limit")
-    return data, os.path.basename(key)
+    return os.path.basename(key)
 
 
-def _read_local(path: str, settings: ProducerSettings) -> tuple[bytes, str]:
+def _copy_local(path: str, settings: ProducerSettings, out: BinaryIO) -> str:
     if not settings.dataset_local_root:
         bucket = settings.s3_bucket_datasets
         raise DatasetSourceError(
@@ -114,7 +124,10 @@ def _read_local(path: str, settings: ProducerSettings) -> tuple[bytes, str]:
             raise DatasetSourceError(f"{path} is not a regular file")
         if info.st_size > limit:
             raise DatasetSourceError(f"the dataset is {info.st_size} bytes, over the {limit}-byte limit")
-        data = f.read(limit + 1)
-    if len(data) > limit:
+        copied = 0
+        while copied <= limit and (chunk := f.read(min(1 << 20, limit + 1 - copied))):
+            out.write(chunk)
+            copied += len(chunk)
+    if copied > limit:
         raise DatasetSourceError(f"the dataset is over the {limit}-byte limit")
-    return data, target.name
+    return target.name

@@ -41,6 +41,14 @@ def cache_key(*, model: str, model_revision: str, generation: Any, prompt: str) 
     return _sha("answer", model, model_revision, canonical_json(generation), prompt)
 
 
-def shard_object_name(run_id: str, shard_id: str) -> str:
-    """Deterministic S3 name of a shard's results (rewriting it is idempotent)."""
-    return f"runs/{run_id}/results/{shard_id}.parquet"
+def score_cache_key(*, model: str, model_revision: str, kind: str, context: str, continuation: str) -> str:
+    """Everything that determines a log-likelihood score: model and its weights, the kind of
+    request ("loglikelihood", or "loglikelihood_rolling/<window>" with the engine's window
+    length), the context and the continuation (one JSON array, so that no split of the two
+    texts can give another pair's key). Tagged "score": never an answer's key."""
+    return _sha("score", kind, model, model_revision, canonical_json([context, continuation]))
+
+
+def segment_object_name(run_id: str, segment: int) -> str:
+    """Deterministic S3 name of a segment of a run's results (rewriting it is idempotent)."""
+    return f"runs/{run_id}/results/part-{segment:06d}.parquet"

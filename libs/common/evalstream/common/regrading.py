@@ -15,7 +15,7 @@ from typing import Any
 from minio import Minio
 
 from evalstream.common import storage
-from evalstream.common.datasets import DatasetError, load_dataset
+from evalstream.common.datasets import DatasetError, legacy_content_sha256, load_dataset
 from evalstream.common.graders import grader_version
 from evalstream.common.manifest import Request
 from evalstream.common.messages import Item
@@ -39,7 +39,8 @@ def stored_items(s3: Minio, uri: str, content_sha256: str) -> list[Item]:
         loaded = load_dataset(data, "items.jsonl")
     except DatasetError as exc:
         raise StoredCopyError(f"the dataset copy {uri} no longer reads: {exc}") from exc
-    if loaded.content_sha256 != content_sha256:
+    # a manifest from before the content hash's version 2 names the older hash
+    if loaded.content_sha256 != content_sha256 and legacy_content_sha256(loaded.items) != content_sha256:
         raise StoredCopyError(
             f"the dataset copy {uri} changed: content {loaded.content_sha256[:12]}, "
             f"it was {content_sha256[:12]}"

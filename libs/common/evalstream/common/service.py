@@ -27,7 +27,7 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.prometheus import KafkaPrometheusMiddleware
 from prometheus_client import REGISTRY, make_asgi_app
 
-from evalstream.common import logs, metrics, telemetry, topics
+from evalstream.common import logs, metrics, spread, telemetry, topics
 from evalstream.common.kafka_security import broker_security
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import decode
@@ -66,6 +66,8 @@ def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: fl
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
+        # shards spread over every partition, round robin within a run (spread.py)
+        partitioner=spread.partitioner,
         max_request_size=MAX_MESSAGE_BYTES,
         graceful_timeout=graceful_timeout,
         allow_auto_create_topics=False,

@@ -73,6 +73,16 @@ class TopicSettings(_Group):
     # Prefix of every topic and consumer group name (topics.py): a pipeline of its own on a
     # shared broker, as the tracing test runs one.
     kafka_topic_prefix: str = ""
+    # Partitions per topic (topics.py). A consumer group uses at most as many members as its
+    # topic has partitions: KAFKA_PARTITIONS_WORK bounds the workers of one group, _SHARDS the
+    # routers, _RESULTS the aggregators. Bootstrap raises the count of an existing topic
+    # when a setting grows (Kafka never lowers one).
+    kafka_partitions_jobs: int = 3
+    kafka_partitions_shards: int = 6
+    kafka_partitions_work: int = 6
+    kafka_partitions_results: int = 6
+    kafka_partitions_retry: int = 3
+    kafka_partitions_dlq: int = 3
 
 
 @dataclass(frozen=True)
@@ -282,6 +292,7 @@ class RouterSettings(ServiceSettings):
     # outstanding shards per live member beyond which a group is saturated (back-pressure)
     router_max_lag: int = 32
     router_lag_interval_s: float = 1.0  # consumer-lag polling
+    router_batch_records: int = 256  # shards per poll, forwarded together and committed once
     router_groups: str = "*"  # worker groups this router uses (shell patterns)
     # input topics; empty: eval.shards / eval.retry; ROUTER_RETRY_TOPIC=none: no retries
     router_shards_topic: str = ""
@@ -305,7 +316,12 @@ class ProducerSettings(ServiceSettings, DatabaseSettings, S3Settings):
 
 @dataclass(frozen=True)
 class AggregatorSettings(ServiceSettings, DatabaseSettings, S3Settings, TestHookSettings):
-    pass
+    # A results window (aggregator/sink.py) closes at this many records, or once the broker
+    # has this many bytes for it, or after this long: one transaction, Parquet rewrite and
+    # Delta commit per window, and results of a slow run still appear within the time bound.
+    aggregator_window_records: int = 1000
+    aggregator_window_bytes: int = 4 * 1024 * 1024
+    aggregator_window_ms: int = 250
 
 
 @dataclass(frozen=True)

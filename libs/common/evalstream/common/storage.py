@@ -59,6 +59,21 @@ def get_bytes(s3: Minio, bucket: str, name: str, *, max_bytes: int | None = None
         resp.release_conn()
 
 
+def get_into(s3: Minio, bucket: str, name: str, out: BinaryIO, *, max_bytes: int) -> int:
+    """Copies the object into `out` (at most `max_bytes` + 1 bytes, so that the caller can
+    tell a larger object); returns the bytes copied."""
+    resp = s3.get_object(bucket, name)
+    copied = 0
+    try:
+        while copied <= max_bytes and (chunk := resp.read(min(1 << 20, max_bytes + 1 - copied))):
+            out.write(chunk)
+            copied += len(chunk)
+    finally:
+        resp.close()
+        resp.release_conn()
+    return copied
+
+
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """s3://bucket/key -> (bucket, key)."""
     url = urlparse(uri)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from evalstream.common.settings import TopicSettings
 
-PREFIX = TopicSettings.from_env().kafka_topic_prefix
+_SETTINGS = TopicSettings.from_env()
+PREFIX = _SETTINGS.kafka_topic_prefix
 
 JOBS = f"{PREFIX}eval.jobs"
 SHARDS = f"{PREFIX}eval.shards"
@@ -45,19 +46,19 @@ class TopicSpec:
     config: dict[str, str]
 
 
-# Partition counts bound the parallelism of each stage: work topics allow up to 6 workers
-# per group, results allow the aggregator to scale to 6.
+# Partition counts bound the parallelism of each stage (KAFKA_PARTITIONS_*, settings.py): a
+# group's work topic bounds its workers, eval.shards the routers, eval.results the aggregators.
 BASE_TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec(JOBS, 3, {}),
-    TopicSpec(SHARDS, 6, {}),
-    TopicSpec(RESULTS, 6, {}),
-    TopicSpec(RETRY, 3, {}),
-    TopicSpec(DLQ, 3, {}),
+    TopicSpec(JOBS, _SETTINGS.kafka_partitions_jobs, {}),
+    TopicSpec(SHARDS, _SETTINGS.kafka_partitions_shards, {}),
+    TopicSpec(RESULTS, _SETTINGS.kafka_partitions_results, {}),
+    TopicSpec(RETRY, _SETTINGS.kafka_partitions_retry, {}),
+    TopicSpec(DLQ, _SETTINGS.kafka_partitions_dlq, {}),
     # Latest heartbeat per worker is all anyone needs: compacted, keyed by worker id.
     TopicSpec(HEARTBEATS, 1, {"cleanup.policy": "compact", "segment.ms": "60000"}),
     TopicSpec(CONTROL, 1, {}),
 )
-WORK_PARTITIONS = 6
+WORK_PARTITIONS = _SETTINGS.kafka_partitions_work
 
 
 def topic_specs(groups: list[str]) -> list[TopicSpec]:

@@ -1,9 +1,10 @@
 """The aggregator service: eval.results and eval.dlq -> PostgreSQL + S3, run completion.
 
-Per batch of messages: one database transaction (store.py), then the touched shards'
-Parquet files, their rows in the Delta Lake table and the completion of the runs that have
-every result (completion.py); only then are offsets committed. The HTTP pages (report,
-item browser, compare) are web.py's.
+Each handler turns one window of records (a poll: AGGREGATOR_WINDOW_*) into a sink.Window and
+hands it to the sink (sink.py): one database transaction, the Parquet segments and one Delta
+commit, the completion of the runs it finished; only then are offsets committed. Several
+aggregators share the topics' partitions. The HTTP pages (report, item browser, compare) are
+web.py's.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from faststream.kafka.annotations import KafkaMessage
 from minio import Minio
 
 from evalstream.aggregator import delta, redrive, regrade, web
-from evalstream.aggregator.completion import Completion, written_results
+from evalstream.aggregator.completion import Completion
 from evalstream.aggregator.dead_letters import park_unknown_run, read_dead_letters
-from evalstream.aggregator.store import ResultStore
+from evalstream.aggregator.sink import ResultSink, SinkLock, Window
+from evalstream.aggregator.store import ResultStore, Sourced, source_of
 from evalstream.common import db, service, storage, telemetry, topics
 from evalstream.common.messages import (
     ControlRequest,
-    ItemResult,
     Redrive,
     Regrade,
     Shard,
@@ -34,6 +35,7 @@ from evalstream.common.messages import (
     encode,
 )
 from evalstream.common.settings import AggregatorSettings
+from evalstream.common.spread import shard_key_of
 from evalstream.common.testhooks import CrashPoints
 
 log = logging.getLogger("evalstream.aggregator")
@@ -46,15 +48,21 @@ crash_points = CrashPoints(settings.fault_inject)
 class AggregatorState:
     pool: asyncpg.Pool
     store: ResultStore
-    completion: Completion
+    sink: ResultSink
     s3: Minio
 
 
 running = service.Started[AggregatorState]()
 _consumer: dict[str, Any] = {
     "batch": True,
-    "max_records": 200,
-    "batch_timeout_ms": 200,
+    "max_records": settings.aggregator_window_records,
+    "batch_timeout_ms": settings.aggregator_window_ms,
+    # The window's bounds, kept by the broker: a fetch returns once this many bytes are
+    # there or the time is up, so a fast stream makes large windows and a slow one is
+    # still written within the time bound.
+    "fetch_min_bytes": settings.aggregator_window_bytes,
+    "fetch_max_wait_ms": settings.aggregator_window_ms,
+    "max_partition_fetch_bytes": settings.aggregator_window_bytes,
     "auto_offset_reset": "earliest",
     "ack_policy": AckPolicy.NACK_ON_ERROR,
     "max_poll_interval_ms": 30 * 60 * 1000,
@@ -71,17 +79,14 @@ async def on_results(msg: KafkaMessage) -> None:
         if payload := await service.decode_or_dead_letter(broker, record, ShardResult):
             delivered.append((record, payload))
     known = await aggregator.store.known_runs(r.run_id for _, p in delivered for r in p.results)
-    results: list[ItemResult] = []
+    results: list[Sourced] = []
     for record, payload in delivered:
         if foreign := {r.run_id for r in payload.results} - known:
             await park_unknown_run(broker, record, sorted(foreign)[0])  # kept, not dropped
         else:
-            results.extend(payload.results)
-    successes = [r for r in results if r.error is None]
-    written = await aggregator.store.write(successes, [r for r in results if r.error is not None])
-    crash_points.reach("aggregator_exit_after_write")  # test-only (FAULT_INJECT)
-    await aggregator.completion.observe(written_results(results, written))
-    await aggregator.completion.after_write({(r.run_id, r.shard_id) for r in results})
+            source = source_of(record.topic, record.partition, record.offset)
+            results.extend(Sourced(r, source) for r in payload.results)
+    await aggregator.sink.record(Window(results))
 
 
 @broker.subscriber(topics.DLQ, group_id=topics.AGGREGATOR_DLQ_GROUP, **_consumer)
@@ -92,11 +97,8 @@ async def on_dead_letters(msg: KafkaMessage) -> None:
     failed results, so the run still completes (dead_letters.py)."""
     aggregator = running.get()
     letters, failures = read_dead_letters(service.records_of(msg))
-    known = await aggregator.store.known_runs(f.run_id for f in failures)
-    failures = [f for f in failures if f.run_id in known]
-    written = await aggregator.store.write([], failures, letters)
-    await aggregator.completion.observe(written_results(failures, written))
-    await aggregator.completion.after_write({(f.run_id, f.shard_id) for f in failures})
+    known = await aggregator.store.known_runs(f.result.run_id for f in failures)
+    await aggregator.sink.record(Window([f for f in failures if f.result.run_id in known], letters))
 
 
 @broker.subscriber(
@@ -110,16 +112,18 @@ async def on_control(msg: KafkaMessage) -> None:
     """Requests from evalctl, which writes no table itself: redrive a run's dead letters
     (redrive.py), regrade a run (regrade.py)."""
     kinds = cast("type[ControlRequest]", ControlRequest)  # a union, told apart by `kind`
-    request = await service.decode_or_dead_letter(broker, service.record_of(msg), kinds)
+    record = service.record_of(msg)
+    request = await service.decode_or_dead_letter(broker, record, kinds)
     aggregator = running.get()
 
     async def publish(shard: Shard) -> None:
-        await broker.publish(encode(shard), topics.SHARDS, key=shard.run_id.encode())
+        await broker.publish(encode(shard), topics.SHARDS, key=shard_key_of(shard))
 
     if isinstance(request, Redrive):
         await redrive.redrive_run(aggregator.store, request.run_id, publish)
     elif isinstance(request, Regrade):
-        await regrade.regrade_run(aggregator.store, aggregator.s3, aggregator.completion, request, publish)
+        source = source_of(record.topic, record.partition, record.offset)
+        await regrade.regrade_run(aggregator.store, aggregator.s3, aggregator.sink, request, source, publish)
 
 
 @asynccontextmanager
@@ -130,11 +134,14 @@ async def lifespan() -> AsyncIterator[None]:
         delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), store
     )
     s3 = storage.client(settings)
-    completion = Completion(store, s3, settings.s3_bucket_results, table, crash_points)
-    running.set(AggregatorState(pool=pool, store=store, completion=completion, s3=s3))
+    lock = SinkLock(settings.database_url)
+    completion = Completion(store, s3, settings.s3_bucket_results)
+    sink = ResultSink(pool, lock, store, s3, settings.s3_bucket_results, table, completion, crash_points)
+    running.set(AggregatorState(pool=pool, store=store, sink=sink, s3=s3))
     try:
         yield
     finally:
+        await lock.close()
         await pool.close()
 
 

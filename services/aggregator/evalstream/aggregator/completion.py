@@ -1,6 +1,6 @@
-"""After a write: the touched shards are mirrored to Parquet in S3 and to the Delta Lake
-table (delta.py), then every run that has all its results is completed (status, summary,
-report.json, report.html, the table compacted), and the metrics count what the write added."""
+"""A run's completion once every item has its row (decided by the sink under its lock:
+status and summary), then its report.json and report.html; and the metrics of what each
+window added."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from typing import Any
 from minio import Minio
 
 from evalstream.aggregator import objects
-from evalstream.aggregator.delta import DeltaMirror
-from evalstream.aggregator.store import ResultStore
+from evalstream.aggregator.store import ResultStore, Written
 from evalstream.common import report_html, storage
 from evalstream.common.messages import ItemResult
 from evalstream.common.metrics import (
@@ -28,7 +27,6 @@ from evalstream.common.metrics import (
     STAGE_LATENCY,
     forget_run,
 )
-from evalstream.common.testhooks import CrashPoints
 
 log = logging.getLogger("evalstream.aggregator")
 # Run-labelled series live this long after their run completed (boards show the finished
@@ -45,68 +43,47 @@ class Recorded:
     replaced: set[tuple[str, str]]  # of those, successes that replaced a recorded failure
 
 
-def written_results(results: list[ItemResult], written: Mapping[tuple[str, str], bool]) -> Recorded:
-    """`results` as `store.write` recorded them (`written`: key -> whether the row is new),
-    once per item (a success over a failure)."""
+def written_results(results: list[ItemResult], written: Mapping[tuple[str, str], Written]) -> Recorded:
+    """`results` as `store.write` recorded them (`written`: the rows it made), once per item
+    (a success over a failure)."""
     by_item = {
         (r.run_id, r.item_id): r
         for r in sorted(results, key=lambda r: r.error is None)
         if (r.run_id, r.item_id) in written
     }
-    replaced = {key for key, new in written.items() if not new and by_item[key].error is None}
+    replaced = {key for key, w in written.items() if not w.inserted and by_item[key].error is None}
     return Recorded(list(by_item.values()), replaced)
 
 
 class Completion:
-    def __init__(
-        self, store: ResultStore, s3: Minio, bucket: str, delta: DeltaMirror, crash_points: CrashPoints
-    ) -> None:
+    def __init__(self, store: ResultStore, s3: Minio, bucket: str) -> None:
         self.store = store
         self.s3 = s3
         self.bucket = bucket
-        self.delta = delta  # the Delta Lake table of results (delta.py)
-        self.crash_points = crash_points  # test-only (FAULT_INJECT)
-        # Read and upload under one lock: the results and dead-letter handlers can touch
-        # the same shard at once, and the later upload must carry the later rows.
-        self._mirror_lock = asyncio.Lock()
 
-    async def after_write(self, shards: set[tuple[str, str]]) -> None:
-        """Mirror the touched shards to S3, then complete the runs that have every result."""
-        async with self._mirror_lock:
-            await self.mirror(shards)
-        for run_id in sorted({r for r, _ in shards}):
-            await self.maybe_complete(run_id)
-
-    async def mirror(self, shards: set[tuple[str, str]]) -> None:
-        by_shard = await self.store.shards_rows(shards)
-        # S3 round trips overlap in threads: one batch can touch hundreds of shards.
-        await asyncio.gather(
-            *(
-                asyncio.to_thread(objects.write_shard, self.s3, self.bucket, run_id, shard_id, rows)
-                for (run_id, shard_id), rows in sorted(by_shard.items())
-            )
-        )
-        await self.delta.write(by_shard)
-        self.crash_points.reach("aggregator_exit_after_delta")
-
-    async def maybe_complete(self, run_id: str) -> None:
+    async def complete_if_done(self, run_id: str) -> tuple[bool, dict[str, Any]] | None:
+        """Marks the run completed when every item has its row, counted from the database
+        (whatever aggregator wrote them); returns (whether this call completed it, the
+        summary), or None while items are missing."""
         status, total, done = await self.store.progress(run_id)
         if total:
             RUN_PROGRESS.labels(run_id=run_id).set(done / total)
         # Every item has its row, so every shard was published, even if the producer has not
         # yet marked the run running (fast runs can finish before it does).
         if status == "rejected" or total is None or done < total:
-            return
-        first, summary = await self.store.complete(run_id)
+            return None
+        return await self.store.complete(run_id)
+
+    async def finish(self, run_id: str, first: bool, summary: dict[str, Any]) -> None:
+        """The reports of a completed run (rewritten whenever a window touches it again, so a
+        crash before they were written costs nothing)."""
         await asyncio.to_thread(objects.write_report, self.s3, self.bucket, run_id, summary)
         await self.save_report_html(run_id, summary)
         RUN_ACCURACY.labels(run_id=run_id).set(summary["accuracy"] or 0.0)
-        if first:  # one handler completes a run, even when results and dead letters race
-            async with self._mirror_lock:  # the table has one writer at a time
-                await self.delta.compact(run_id)
+        if first:
             asyncio.get_running_loop().call_later(RUN_SERIES_TTL_S, forget_run, run_id)
             RUNS.labels(outcome="completed").inc()
-            log.info("run %s completed: %d items, accuracy %s", run_id, total, summary["accuracy"])
+            log.info("run %s completed: %d items, accuracy %s", run_id, summary["total"], summary["accuracy"])
 
     async def save_report_html(self, run_id: str, summary: dict[str, Any]) -> None:
         """The HTML report beside report.json. Derived data: a failure here is logged, never

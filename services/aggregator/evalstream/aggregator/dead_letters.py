@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import msgspec
 from faststream.kafka import KafkaBroker
 
-from evalstream.aggregator.store import DeadLetterRecord
+from evalstream.aggregator.store import DeadLetterRecord, Sourced, source_of
 from evalstream.common import evidence
 from evalstream.common.messages import DeadLetterHeaders as H
 from evalstream.common.messages import ItemResult, Shard, decode
@@ -21,10 +21,10 @@ from evalstream.common.service import Record, dead_letter, dead_letter_headers
 log = logging.getLogger("evalstream.aggregator")
 
 
-def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord], list[ItemResult]]:
-    """(a row per dead letter, a failed result per item they carry)."""
+def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord], list[Sourced]]:
+    """(a row per dead letter, a failed result per item they carry, with its record)."""
     letters: list[DeadLetterRecord] = []
-    failures: list[ItemResult] = []
+    failures: list[Sourced] = []
     for record in records:
         headers = {k: (v or b"").decode(errors="replace") for k, v in record.headers}
         shard: Shard | None = None
@@ -48,7 +48,9 @@ def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord]
             )
         )
         if shard is not None:
-            failures += failed_results(shard, error, _int(headers.get(H.ATTEMPTS)) or shard.attempt)
+            source = source_of(record.topic, record.partition, record.offset)
+            attempts = _int(headers.get(H.ATTEMPTS)) or shard.attempt
+            failures += [Sourced(r, source) for r in failed_results(shard, error, attempts)]
     return letters, failures
 
 

@@ -6,23 +6,24 @@ dataset version), so that a data team reads one table with DuckDB, pandas, polar
 
     SELECT * FROM delta_scan('s3://evalstream-results/tables/item_results') WHERE run_id = '…'
 
-Like the Parquet mirror, the table is written from the database rows of the shards a batch
-touched, before the batch's offsets are committed, and each write is idempotent per shard:
+One commit per aggregator window (sink.py), exactly once per Kafka record, the way Spark's
+Kafka-to-Delta sink uses its batch id:
 
-* Every shard write carries a Delta transaction identifier (app id `evalstream/<shard>`,
-  version = the shard's rows plus its successes, which only grows: rows are only added and
-  failures only replaced by successes). A shard whose version the table already holds is
-  skipped, so a redelivered shard (or a batch redone after a kill -9 between the Delta
-  commit and the Kafka commit) adds nothing. The identifier commits atomically with the rows.
-* A shard the table has never seen is appended; one seen before is merged on
-  `(run_id, item_id)`: new items inserted, a failure replaced by a later success (a redrive),
-  nothing else touched.
+* Every commit carries a Delta transaction identifier per input partition it covers (app id
+  `evalstream-aggregator/<topic>/<partition>`, version = the offset after the last record of
+  that partition in the window), atomically with its rows. A window redone after a crash
+  (killed between the Delta commit and the Kafka commit) finds those versions and leaves out
+  the records below them: nothing is added twice, not even an empty commit.
+* The rows a window adds are those whose `source` (migration 006) is one of its records at or
+  above that version: a new row is appended; a success that replaced a recorded failure (a
+  redrive), or a row found again after a crash, is merged on `(run_id, item_id)` (inserted if
+  missing, a failure replaced by a success, nothing else touched).
 * A run's small files are compacted when it completes.
 
-Concurrency: there is one writer per table at a time (the aggregator's writes hold its mirror
-lock), so the S3 store needs no lock service: `AWS_S3_ALLOW_UNSAFE_RENAME` tells delta-rs so.
-Scaling the aggregator out would need the store's conditional put (`conditional_put=etag`)
-or a lock service (docs/delta.md).
+Concurrency: the table has one writer at a time across every aggregator, the sink's
+PostgreSQL advisory lock (sink.SinkLock), and every write starts from the table's latest
+version; so the S3 store needs no lock service: `AWS_S3_ALLOW_UNSAFE_RENAME` tells delta-rs so
+(docs/delta.md).
 """
 
 from __future__ import annotations
@@ -64,18 +65,14 @@ def storage_options(settings: S3Settings) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": settings.s3_secret_key,
         "AWS_REGION": settings.s3_region,
         "AWS_ALLOW_HTTP": "true" if settings.s3_endpoint.startswith("http://") else "false",
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",  # one writer (see the module's docstring)
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",  # one writer at a time (sink.SinkLock)
         "AWS_FORCE_PATH_STYLE": "true",
     }
 
 
-def shard_version(rows: Sequence[Row]) -> int:
-    """Grows with every change a shard can see (an item added, a failure made a success)."""
-    return len(rows) + sum(1 for r in rows if r["error"] is None)
-
-
-def app_id(run_id: str, shard_id: str) -> str:
-    return f"evalstream/{run_id}/{shard_id}"
+def app_id(topic: str, partition: int) -> str:
+    """The transaction identifier of one input partition of the aggregator."""
+    return f"evalstream-aggregator/{topic}/{partition}"
 
 
 def to_arrow(rows: Sequence[Row], meta: Mapping[str, RunMeta]) -> pa.Table:
@@ -104,69 +101,58 @@ class DeltaResults:
             self._table.update_incremental()
         return self._table
 
-    def write(self, shards: Mapping[tuple[str, str], Sequence[Row]], meta: Mapping[str, RunMeta]) -> int:
-        """Writes the shards whose rows the table does not hold yet; returns how many."""
+    def held(self, app_ids: Sequence[str]) -> dict[str, int | None]:
+        """The version the table holds of each transaction identifier (None: never seen)."""
         table = self.table()
-        fresh: list[tuple[tuple[str, str], Sequence[Row]]] = []
-        changed: list[tuple[tuple[str, str], Sequence[Row]]] = []
-        for key, rows in sorted(shards.items()):
-            if not rows:
-                continue
-            held = table.transaction_version(app_id(*key)) if table is not None else None
-            if held is None:
-                fresh.append((key, rows))
-            elif held < shard_version(rows):
-                changed.append((key, rows))
-        if fresh:
-            self._append(fresh, meta)
-        if changed:
-            self._merge(changed, meta)
-        return len(fresh) + len(changed)
+        return {a: table.transaction_version(a) if table is not None else None for a in app_ids}
 
-    def _commit(self, shards: list[tuple[tuple[str, str], Sequence[Row]]]) -> CommitProperties:
-        return CommitProperties(
-            app_transactions=[Transaction(app_id(*key), shard_version(rows)) for key, rows in shards],
+    def commit(
+        self,
+        appended: Sequence[Row],
+        merged: Sequence[Row],
+        meta: Mapping[str, RunMeta],
+        transactions: Mapping[str, int],
+    ) -> bool:
+        """One commit of the rows with `transactions` (app id -> version); False when there
+        was nothing to write."""
+        if not appended and not merged:
+            return False
+        commit = CommitProperties(
+            app_transactions=[Transaction(a, v) for a, v in sorted(transactions.items())],
             custom_metadata={"writer": "evalstream-aggregator"},
         )
-
-    def _append(
-        self, shards: list[tuple[tuple[str, str], Sequence[Row]]], meta: Mapping[str, RunMeta]
-    ) -> None:
-        data = to_arrow([r for _, rows in shards for r in rows], meta)
         table = self.table()
-        write_deltalake(
-            table if table is not None else self.uri,
-            data,
-            mode="append",
-            partition_by=PARTITION_BY,
-            # a table made before item_results gained columns (migration 004) takes them on
-            schema_mode="merge",
-            configuration=TABLE_CONFIG if table is None else None,
-            storage_options=self.options if table is None else None,
-            commit_properties=self._commit(shards),
-        )
-
-    def _merge(
-        self, shards: list[tuple[tuple[str, str], Sequence[Row]]], meta: Mapping[str, RunMeta]
-    ) -> None:
-        table = self.table()
-        assert table is not None
-        runs = sorted({run_id for (run_id, _), _ in shards})
+        if not merged or table is None:
+            write_deltalake(
+                table if table is not None else self.uri,
+                to_arrow([*appended, *merged], meta),
+                mode="append",
+                partition_by=PARTITION_BY,
+                # a table made before item_results gained columns (migration 004) takes them on
+                schema_mode="merge",
+                configuration=TABLE_CONFIG if table is None else None,
+                storage_options=self.options if table is None else None,
+                commit_properties=commit,
+            )
+            return True
+        rows = [*appended, *merged]
+        runs = sorted({r["run_id"] for r in rows})
         in_runs = ", ".join("'" + r.replace("'", "''") + "'" for r in runs)
         (
             table.merge(
-                to_arrow([r for _, rows in shards for r in rows], meta),
+                to_arrow(rows, meta),
                 # the literal run list prunes the merge to those runs' partitions
                 predicate=f"t.run_id IN ({in_runs}) AND t.run_id = s.run_id AND t.item_id = s.item_id",
                 source_alias="s",
                 target_alias="t",
-                commit_properties=self._commit(shards),
+                commit_properties=commit,
                 merge_schema=True,
             )
             .when_matched_update_all(predicate="t.error IS NOT NULL AND s.error IS NULL")
             .when_not_matched_insert_all()
             .execute()
         )
+        return True
 
     def compact(self, run_id: str) -> dict[str, Any]:
         """Rewrites a finished run's small files into few (the old ones stay for time
@@ -186,9 +172,14 @@ class DeltaMirror:
         self.store = store
         self._meta: dict[str, RunMeta] = {}
 
-    async def write(self, shards: Mapping[tuple[str, str], Sequence[Row]]) -> int:
-        meta = await self.run_meta({run_id for run_id, _ in shards})
-        return await asyncio.to_thread(self.results.write, shards, meta)
+    async def held(self, app_ids: Sequence[str]) -> dict[str, int | None]:
+        return await asyncio.to_thread(self.results.held, app_ids)
+
+    async def commit(
+        self, appended: Sequence[Row], merged: Sequence[Row], transactions: Mapping[str, int]
+    ) -> bool:
+        meta = await self.run_meta({r["run_id"] for r in (*appended, *merged)})
+        return await asyncio.to_thread(self.results.commit, appended, merged, meta, transactions)
 
     async def compact(self, run_id: str) -> None:
         """Derived work: a failure is logged, never allowed to hold up a batch."""

@@ -1,6 +1,9 @@
-"""Result files in the S3 store: one Parquet file per shard under a deterministic name,
-rewritten from the database rows whenever the shard changes, so S3 always mirrors
-PostgreSQL and a rewrite is idempotent."""
+"""Result files in the S3 store: a run's rows in Parquet segments of SEGMENT_ROWS rows by
+their ordinal (the order they were recorded in, migration 006), under deterministic names
+(`runs/<run>/results/part-00000.parquet`, ...). A window rewrites the segments its rows fell
+into from the database rows, so S3 always mirrors PostgreSQL and a rewrite is idempotent: a
+fast run fills a segment in a few windows, a slow run's open segment is rewritten as it
+grows, and a finished run has about rows / SEGMENT_ROWS files, whatever its shards were."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pyarrow.parquet as pq
 from minio import Minio
 
 from evalstream.common import storage
-from evalstream.common.keys import shard_object_name
+from evalstream.common.keys import segment_object_name
 from evalstream.common.results import RESULT_COLUMNS, arrow_schema
 
 SCHEMA = arrow_schema(RESULT_COLUMNS)  # S3 mirrors PostgreSQL column for column
@@ -28,8 +31,20 @@ def rows_to_parquet(rows: list[asyncpg.Record] | list[dict[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
-def write_shard(s3: Minio, bucket: str, run_id: str, shard_id: str, rows: list[asyncpg.Record]) -> str:
-    name = shard_object_name(run_id, shard_id)
+SEGMENT_ROWS = 4096  # rows per Parquet file: big enough to read fast, small to rewrite
+
+
+def segment_of(ordinal: int) -> int:
+    return ordinal // SEGMENT_ROWS
+
+
+def segment_bounds(segment: int) -> tuple[int, int]:
+    """[first, end) ordinals of a segment."""
+    return segment * SEGMENT_ROWS, (segment + 1) * SEGMENT_ROWS
+
+
+def write_segment(s3: Minio, bucket: str, run_id: str, segment: int, rows: list[asyncpg.Record]) -> str:
+    name = segment_object_name(run_id, segment)
     storage.put_bytes(s3, bucket, name, rows_to_parquet(rows), "application/vnd.apache.parquet")
     return name
 

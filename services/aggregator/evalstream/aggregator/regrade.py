@@ -30,8 +30,8 @@ from typing import Any
 import msgspec
 from minio import Minio
 
-from evalstream.aggregator.completion import Completion, written_results
-from evalstream.aggregator.store import ResultStore
+from evalstream.aggregator.sink import ResultSink, Window
+from evalstream.aggregator.store import ResultStore, Sourced
 from evalstream.common.gold import item_problem
 from evalstream.common.graders import grader_problem
 from evalstream.common.manifest import manifest_sha256, request_from_manifest
@@ -164,8 +164,10 @@ def item_problems(grader: str, rows: Sequence[Mapping[str, Any]], items: Mapping
 
 
 async def regrade_run(
-    store: ResultStore, s3: Minio, completion: Completion, request: Regrade, publish: Publish
+    store: ResultStore, s3: Minio, sink: ResultSink, request: Regrade, source: str, publish: Publish
 ) -> None:
+    """Acts on `request`, the eval.control record at `source` (the copied failures' rows
+    come from it, for the sink's exactly-once mirror)."""
     existing = await store.run_state(request.new_run_id)
     if existing is not None:
         status, regrade_of = existing
@@ -207,13 +209,11 @@ async def regrade_run(
         digest=manifest_sha256(new_manifest),
     )
     todo = plan(request, original, rows, items)
-    written = await store.write([], todo.failures)
+    # the copied failures: rows, Parquet, Delta, and the run's completion if every item failed
+    await sink.record(Window([Sourced(f, source) for f in todo.failures]))
     for shard in todo.shards:
         await publish(shard)
     await store.mark_published(request.new_run_id)
-    await completion.observe(written_results(todo.failures, written))
-    # the copied failures' shard files, and the run's completion if every item had failed
-    await completion.after_write({(request.new_run_id, f.shard_id) for f in todo.failures})
     log.info(
         "regrade %s of %s with %s: %d answer(s) in %d shard(s) published, %d failure(s) copied",
         request.new_run_id,

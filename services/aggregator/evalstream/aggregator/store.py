@@ -19,41 +19,98 @@ from evalstream.common.messages import ItemResult
 from evalstream.common.reports import summarise
 from evalstream.common.results import RESULT_COLUMNS, pg_type
 
-# One statement per batch: every column as an array, unnested server-side.
-_UNNEST = ", ".join(f"${i + 1}::{pg_type(c)}[]" for i, c in enumerate(RESULT_COLUMNS))
-_UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in RESULT_COLUMNS[2:]) + ", recorded_at = now()"
-_INSERT = f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)}) SELECT * FROM unnest({_UNNEST}) "
+# One statement per window: every column as an array, unnested server-side, plus the row's
+# ordinal and source (migration 006).
+_INTERNAL = ("ordinal", "source")
+_UNNEST = ", ".join(
+    [f"${i + 1}::{pg_type(c)}[]" for i, c in enumerate(RESULT_COLUMNS)]
+    + [f"${len(RESULT_COLUMNS) + 1}::int8[]", f"${len(RESULT_COLUMNS) + 2}::text[]"]
+)
+_UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*RESULT_COLUMNS[2:], "source")) + ", recorded_at = now()"
+_INSERT = (
+    f"INSERT INTO item_results ({', '.join((*RESULT_COLUMNS, *_INTERNAL))}) SELECT * FROM unnest({_UNNEST}) "
+)
 
-# `xmax = 0` tells a fresh insert from an update: only inserts add to a run's count.
+# `xmax = 0` tells a fresh insert from an update: only inserts add to a run's count. An
+# update keeps the row's ordinal (its Parquet segment) and takes the new record as source.
 UPSERT_SUCCESS = (
     _INSERT + f"ON CONFLICT (run_id, item_id) DO UPDATE SET {_UPDATES} "
     "WHERE item_results.error IS NOT NULL AND EXCLUDED.error IS NULL "
-    "RETURNING run_id, item_id, (xmax = 0) AS inserted"
+    "RETURNING run_id, item_id, (xmax = 0) AS inserted, ordinal"
 )
 INSERT_FAILURE = (
-    _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING run_id, item_id, true AS inserted"
+    _INSERT + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING run_id, item_id, true AS inserted, ordinal"
+)
+# A block of ordinals per run, one per row the window may add.
+ALLOCATE_ORDINALS = (
+    "UPDATE runs SET next_ordinal = runs.next_ordinal + v.n"
+    " FROM unnest($1::text[], $2::int8[]) AS v(run_id, n) WHERE runs.run_id = v.run_id"
+    " RETURNING runs.run_id, runs.next_ordinal - v.n AS base"
+)
+SELECT_ROWS = (
+    f"SELECT {', '.join((*RESULT_COLUMNS, *_INTERNAL))} FROM item_results"
+    " WHERE (run_id, item_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+)
+SELECT_SEGMENT = (
+    f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results"
+    " WHERE run_id = $1 AND ordinal >= $2 AND ordinal < $3 ORDER BY ordinal"
 )
 
 
-def _columns(results: Sequence[ItemResult]) -> list[list[Any]]:
-    return [[_storable(getattr(r, c)) for r in results] for c in RESULT_COLUMNS]
+def _columns(rows: Sequence[Sourced], ordinals: Sequence[int]) -> list[list[Any]]:
+    return [[storable(getattr(r.result, c)) for r in rows] for c in RESULT_COLUMNS] + [
+        list(ordinals),
+        [r.source for r in rows],
+    ]
 
 
-def _storable(value: Any) -> Any:
+def storable(value: Any) -> Any:
     """PostgreSQL text cannot hold NUL; a model may well emit one. Refusing the batch would
     redeliver it for ever, so the character is replaced instead."""
     return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
 
 
-def _one_per_item(results: Iterable[ItemResult]) -> list[ItemResult]:
-    """A batch may hold a result and its redelivered copy; one statement must not touch a
-    row twice, so keep one per item (a success over a failure)."""
-    best: dict[tuple[str, str], ItemResult] = {}
-    for r in results:
-        key = (r.run_id, r.item_id)
-        if key not in best or (best[key].error is not None and r.error is None):
+def _one_per_item(rows: Iterable[Sourced]) -> list[Sourced]:
+    """A window may hold a result and its redelivered copy; one statement must not touch a
+    row twice, so keep one per item (a success over a failure, else the first record)."""
+    best: dict[tuple[str, str], Sourced] = {}
+    for r in rows:
+        key = r.key
+        if key not in best or (best[key].result.error is not None and r.result.error is None):
             best[key] = r
     return list(best.values())
+
+
+def source_of(topic: str, partition: int, offset: int) -> str:
+    """A Kafka record's coordinates as item_results.source holds them."""
+    return f"{topic}:{partition}:{offset}"
+
+
+def coordinates(source: str) -> tuple[str, int, int]:
+    topic, partition, offset = source.rsplit(":", 2)
+    return topic, int(partition), int(offset)
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A result with the Kafka record that carried it ("topic:partition:offset")."""
+
+    result: ItemResult
+    source: str
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.result.run_id, self.result.item_id)
+
+
+@dataclass(frozen=True)
+class Written:
+    """A row a write made (new, or a success that replaced the item's recorded failure): its
+    ordinal, and the result and record it holds now."""
+
+    inserted: bool
+    ordinal: int
+    row: Sourced
 
 
 @dataclass(frozen=True)
@@ -95,70 +152,88 @@ class ResultStore:
 
     async def write(
         self,
-        successes: list[ItemResult],
-        failures: list[ItemResult],
+        conn: asyncpg.Connection,
+        results: Sequence[Sourced],
         dead_letters: Sequence[DeadLetterRecord] = (),
-    ) -> dict[tuple[str, str], bool]:
-        """One transaction: all of it is durable before any offset is committed. Returns the
-        (run_id, item_id) of the rows it wrote, each with whether the row is new (False: a
-        success replaced the item's recorded failure); a redelivered duplicate is not among
-        them."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            if dead_letters:
-                await conn.executemany(
-                    "INSERT INTO dead_letters (run_id, item_id, original_topic, original_partition, original_offset,"
-                    " dlq_partition, dlq_offset, dlq_timestamp, error, headers, payload)"
-                    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
-                    " ON CONFLICT (dlq_partition, dlq_offset, dlq_timestamp) DO NOTHING",
-                    [
-                        (
-                            d.run_id,
-                            d.item_id,
-                            d.original_topic,
-                            d.original_partition,
-                            d.original_offset,
-                            d.dlq_partition,
-                            d.dlq_offset,
-                            d.dlq_timestamp,
-                            d.error,
-                            json.dumps(d.headers),
-                            d.payload,
-                        )
-                        for d in dead_letters
-                    ],
-                )
-            added: dict[str, int] = {}
-            written: dict[tuple[str, str], bool] = {}
-            for sql, rows in (
-                (UPSERT_SUCCESS, _one_per_item(successes)),
-                (INSERT_FAILURE, _one_per_item(failures)),
-            ):
-                if rows:
-                    for rec in await conn.fetch(sql, *_columns(rows)):
-                        added[rec["run_id"]] = added.get(rec["run_id"], 0) + int(rec["inserted"])
-                        written[(rec["run_id"], rec["item_id"])] = rec["inserted"]
-            if added:
-                await conn.executemany(
-                    "UPDATE runs SET recorded = recorded + $2, updated_at = now() WHERE run_id = $1",
-                    [(run_id, n) for run_id, n in added.items() if n],
-                )
+    ) -> dict[tuple[str, str], Written]:
+        """Writes in `conn`'s transaction (the caller commits: all of it is durable before any
+        offset is committed). Returns the rows it wrote, by (run_id, item_id); a redelivered
+        duplicate is not among them."""
+        if dead_letters:
+            await conn.executemany(
+                "INSERT INTO dead_letters (run_id, item_id, original_topic, original_partition, original_offset,"
+                " dlq_partition, dlq_offset, dlq_timestamp, error, headers, payload)"
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)"
+                " ON CONFLICT (dlq_partition, dlq_offset, dlq_timestamp) DO NOTHING",
+                [
+                    (
+                        d.run_id,
+                        d.item_id,
+                        d.original_topic,
+                        d.original_partition,
+                        d.original_offset,
+                        d.dlq_partition,
+                        d.dlq_offset,
+                        d.dlq_timestamp,
+                        d.error,
+                        json.dumps(d.headers),
+                        d.payload,
+                    )
+                    for d in dead_letters
+                ],
+            )
+        successes = _one_per_item(r for r in results if r.result.error is None)
+        failures = _one_per_item(r for r in results if r.result.error is not None)
+        if not successes and not failures:
+            return {}
+        # Rows in run order, so that each run's new rows get consecutive ordinals.
+        rows = sorted([*successes, *failures], key=lambda r: r.key)
+        per_run: dict[str, int] = {}
+        for r in rows:
+            per_run[r.result.run_id] = per_run.get(r.result.run_id, 0) + 1
+        bases = {
+            rec["run_id"]: rec["base"]
+            for rec in await conn.fetch(ALLOCATE_ORDINALS, list(per_run), list(per_run.values()))
+        }
+        ordinal_of: dict[tuple[str, str], int] = {}
+        for r in rows:
+            run_id = r.result.run_id
+            ordinal_of[r.key] = bases[run_id]
+            bases[run_id] += 1
+        by_key = {r.key: r for r in rows}
+        added: dict[str, int] = {}
+        written: dict[tuple[str, str], Written] = {}
+        for sql, batch in (
+            (UPSERT_SUCCESS, [r for r in rows if r.result.error is None]),
+            (INSERT_FAILURE, [r for r in rows if r.result.error is not None]),
+        ):
+            if batch:
+                for rec in await conn.fetch(sql, *_columns(batch, [ordinal_of[r.key] for r in batch])):
+                    added[rec["run_id"]] = added.get(rec["run_id"], 0) + int(rec["inserted"])
+                    key = (rec["run_id"], rec["item_id"])
+                    written[key] = Written(rec["inserted"], rec["ordinal"], by_key[key])
+        if any(added.values()):
+            await conn.executemany(
+                "UPDATE runs SET recorded = recorded + $2, updated_at = now() WHERE run_id = $1",
+                [(run_id, n) for run_id, n in sorted(added.items()) if n],
+            )
         return written
 
-    async def shards_rows(
-        self, shards: Iterable[tuple[str, str]]
-    ) -> dict[tuple[str, str], list[asyncpg.Record]]:
-        """Every row of the given (run_id, shard_id) shards, in one query, by shard."""
-        keys = sorted(set(shards))
-        rows = await self.pool.fetch(
-            f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results"
-            " WHERE (run_id, shard_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY item_id",
-            [k[0] for k in keys],
-            [k[1] for k in keys],
-        )
-        out: dict[tuple[str, str], list[asyncpg.Record]] = {k: [] for k in keys}
-        for r in rows:
-            out[(r["run_id"], r["shard_id"])].append(r)
-        return out
+    async def stored_rows(
+        self, conn: asyncpg.Connection, keys: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], asyncpg.Record]:
+        """The current rows (with ordinal and source) of the given items."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return {}
+        rows = await conn.fetch(SELECT_ROWS, [k[0] for k in wanted], [k[1] for k in wanted])
+        return {(r["run_id"], r["item_id"]): r for r in rows}
+
+    async def segment_rows(
+        self, conn: asyncpg.Connection | asyncpg.Pool, run_id: str, first: int, end: int
+    ) -> list[asyncpg.Record]:
+        """The run's rows with ordinals in [first, end), in ordinal order."""
+        return list(await conn.fetch(SELECT_SEGMENT, run_id, first, end))
 
     async def run_meta(self, run_ids: Sequence[str]) -> dict[str, RunMeta]:
         rows = await self.pool.fetch(

@@ -48,8 +48,8 @@ async def on_job(msg: KafkaMessage) -> None:
         RUNS.labels(outcome=await intake.get().reject_undecodable(derived_id, rejected)).inc()
         return
 
-    async def publish(payload: bytes, key: str) -> None:
-        await broker.publish(payload, topics.SHARDS, key=key.encode())
+    async def publish(payload: bytes, key: bytes) -> None:
+        await broker.publish(payload, topics.SHARDS, key=key)
 
     outcome = await intake.get().handle(job, job.run_id or derived_id, publish)
     RUNS.labels(outcome=outcome).inc()

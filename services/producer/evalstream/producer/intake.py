@@ -7,34 +7,33 @@ not committed) republishes the same deterministic shards; the sinks drop the dup
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import tempfile
+from array import array
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import asyncpg
 import msgspec
 from minio import Minio
 
-from evalstream.common import intake_limits, keys, storage
+from evalstream.common import intake_limits, storage
 from evalstream.common.contract import JobRejected
-from evalstream.common.datasets import DatasetError, LoadedDataset, Problem, load_dataset, write_stored_copy
+from evalstream.common.datasets import DatasetError, DatasetScan, Problem, scan_dataset
 from evalstream.common.jobs import job_problems
 from evalstream.common.manifest import build_manifest, manifest_sha256
-from evalstream.common.messages import Item, JobSpec, Shard, encode
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.common.messages import Item, JobSpec, encode
 from evalstream.common.settings import ProducerSettings
+from evalstream.producer.sharding import ShardMessages, auto_shard_size, max_chunk_bytes, plan_chunks
 
 log = logging.getLogger("evalstream.producer")
 
-# A job that names no shard size: shards of AUTO_SHARD_MIN items, or bigger for a large set
-# so that it is cut into about AUTO_SHARDS_PER_RUN, up to AUTO_SHARD_MAX (auto_shard_size).
-AUTO_SHARD_MIN, AUTO_SHARD_MAX, AUTO_SHARDS_PER_RUN = 32, 256, 256
 PUBLISH_WINDOW = 256  # shards in flight at once while publishing a run
+PUBLISH_WINDOW_BYTES = 8 * 1024 * 1024  # and at most this much of them
 
-Publish = Callable[[bytes, str], Awaitable[None]]  # (payload, key) -> durable on the broker
+Publish = Callable[[bytes, bytes], Awaitable[None]]  # (payload, key) -> durable on the broker
 
 
 @dataclass(frozen=True)
@@ -47,63 +46,31 @@ class Rejection:
         )
 
 
-def chunk_items(items: list[Item], max_items: int, max_bytes: int) -> list[list[Item]]:
-    """Consecutive chunks of at most `max_items` items and about `max_bytes` of JSON each:
-    a shard of long items must still fit in one Kafka message."""
-    chunks: list[list[Item]] = []
-    chunk: list[Item] = []
+@dataclass
+class Scanned:
+    """A validated dataset, read once: its description, its items' JSON in `copy` (a file,
+    one item per line: the stored copy) and their sizes, in order."""
+
+    scan: DatasetScan
+    copy: BinaryIO
+    sizes: array[int]
+
+
+async def publish_all(messages: Iterable[tuple[bytes, bytes]], publish: Publish) -> None:
+    """Publishes (payload, key) pairs in windows of PUBLISH_WINDOW messages or
+    PUBLISH_WINDOW_BYTES: thousands of sends at once outrun the Kafka client's buffer and
+    time out, failing (and redelivering) the whole job. `messages` may be a generator: only
+    one window of encoded shards is held at a time."""
+    window: list[tuple[bytes, bytes]] = []
     size = 0
-    for item in items:
-        n = len(encode(item))
-        if chunk and (len(chunk) >= max_items or size + n > max_bytes):
-            chunks.append(chunk)
-            chunk, size = [], 0
-        chunk.append(item)
-        size += n
-    if chunk:
-        chunks.append(chunk)
-    return chunks
-
-
-def auto_shard_size(items: int) -> int:
-    """Small sets keep small shards (spread over many workers; progress that moves); a large
-    set gets bigger ones, because moving a shard (routing it, committing it, writing its
-    Parquet object) costs the same whatever its size: 150,000 items go in shards of 256."""
-    return min(AUTO_SHARD_MAX, max(AUTO_SHARD_MIN, -(-items // AUTO_SHARDS_PER_RUN)))
-
-
-def make_shards(run_id: str, job: JobSpec, items: list[Item]) -> list[Shard]:
-    envelope = len(encode(job)) + 1024  # the job's fields travel in every shard
-    size = job.shard_size if job.shard_size is not None else auto_shard_size(len(items))
-    chunks = chunk_items(items, size, MESSAGE_BUDGET_BYTES - envelope)
-    return [
-        Shard(
-            run_id=run_id,
-            shard_id=keys.shard_id(run_id, i),
-            shard_index=i,
-            shard_count=len(chunks),
-            model=job.model,
-            grader=job.grader,
-            generation=job.generation,
-            items=chunk,
-            prompt_template=job.prompt_template,
-            system_prompt=job.system_prompt,
-            retry=job.retry,
-            worker_group=job.worker_group,
-            sla_fallback=job.sla_fallback,
-            bypass_cache=job.bypass_cache,
-        )
-        for i, chunk in enumerate(chunks)
-    ]
-
-
-async def publish_all(payloads: Iterable[bytes], key: str, publish: Publish) -> None:
-    """Publishes in windows of PUBLISH_WINDOW: thousands of sends at once outrun the Kafka
-    client's buffer and time out, failing (and redelivering) the whole job. `payloads` may
-    be a generator: only one window of encoded shards is held at a time."""
-    payloads = iter(payloads)
-    while window := list(itertools.islice(payloads, PUBLISH_WINDOW)):
-        await asyncio.gather(*(publish(p, key) for p in window))
+    for payload, key in messages:
+        window.append((payload, key))
+        size += len(payload)
+        if len(window) >= PUBLISH_WINDOW or size >= PUBLISH_WINDOW_BYTES:
+            await asyncio.gather(*(publish(p, k) for p, k in window))
+            window, size = [], 0
+    if window:
+        await asyncio.gather(*(publish(p, k) for p, k in window))
 
 
 class Intake:
@@ -128,29 +95,34 @@ class Intake:
             encode(job).decode(),
             job.dataset,
         )
-        loaded_or_rejection = await self._validate(job)
-        if isinstance(loaded_or_rejection, Rejection):
-            await self.pool.execute(
-                "UPDATE runs SET status = 'rejected', problems = $2, updated_at = now() WHERE run_id = $1",
-                run_id,
-                loaded_or_rejection.as_json(),
-            )
-            log.info("run %s rejected: %d problem(s)", run_id, len(loaded_or_rejection.problems))
-            return "rejected"
-        loaded = loaded_or_rejection
+        with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as copy:
+            scanned = await self._validate(job, source, copy)
+            if isinstance(scanned, Rejection):
+                await self.pool.execute(
+                    "UPDATE runs SET status = 'rejected', problems = $2, updated_at = now() WHERE run_id = $1",
+                    run_id,
+                    scanned.as_json(),
+                )
+                log.info("run %s rejected: %d problem(s)", run_id, len(scanned.problems))
+                return "rejected"
+            return await self._publish(job, run_id, scanned, publish)
+
+    async def _publish(self, job: JobSpec, run_id: str, scanned: Scanned, publish: Publish) -> str:
+        scan = scanned.scan
         if job.shard_size is None:  # the manifest records the size used, for reproductions
-            job = msgspec.structs.replace(job, shard_size=auto_shard_size(len(loaded.items)))
-        shards = make_shards(run_id, job, loaded.items)
-        stored_uri = await asyncio.to_thread(self._store_dataset, loaded, job.dataset)
+            job = msgspec.structs.replace(job, shard_size=auto_shard_size(scan.items))
+        assert job.shard_size is not None
+        chunks = plan_chunks(scanned.sizes, job.shard_size, max_chunk_bytes(job))
+        stored_uri = await asyncio.to_thread(self._store_dataset, scan, scanned.copy)
         manifest = build_manifest(
             job,
             dataset_uri=stored_uri,
-            dataset_sha256=loaded.sha256,
-            content_sha256=loaded.content_sha256,
-            dataset_format=loaded.format,
-            total=len(loaded.items),
-            shard_count=len(shards),
-            filename=loaded.filename,
+            dataset_sha256=scan.sha256,
+            content_sha256=scan.content_sha256,
+            dataset_format=scan.format,
+            total=scan.items,
+            shard_count=len(chunks),
+            filename=scan.filename,
         )
         digest = manifest_sha256(manifest)
         await asyncio.to_thread(self._store_manifest, run_id, manifest)
@@ -160,19 +132,20 @@ class Intake:
             run_id,
             json.dumps(manifest),
             digest,
-            loaded.content_sha256,
-            len(loaded.items),
-            len(shards),
+            scan.content_sha256,
+            scan.items,
+            len(chunks),
         )
-        await self._record_version(loaded, stored_uri, run_id, from_store=stored_uri == job.dataset)
-        # Every shard is acknowledged by the broker before the run counts as published.
-        await publish_all((encode(s) for s in shards), run_id, publish)
+        await self._record_version(scan, stored_uri, run_id, from_store=stored_uri == job.dataset)
+        # Every shard is acknowledged by the broker before the run counts as published; keyed
+        # by shard, the run's shards spread over every partition (spread.py).
+        await publish_all(ShardMessages(run_id, job, chunks, scanned.copy), publish)
         await self.pool.execute(
             "UPDATE runs SET status = 'running', published_at = now(), updated_at = now()"
             " WHERE run_id = $1 AND status = 'validating'",
             run_id,
         )
-        log.info("run %s: %d items in %d shards published", run_id, len(loaded.items), len(shards))
+        log.info("run %s: %d items in %d shards published", run_id, scan.items, len(chunks))
         return "running"
 
     async def reject_undecodable(self, run_id: str, rejected: JobRejected) -> str:
@@ -205,43 +178,43 @@ class Intake:
         log.info("run %s rejected: %s", run_id, rejected)
         return "rejected"
 
-    async def _validate(self, job: JobSpec) -> LoadedDataset | Rejection:
+    async def _validate(self, job: JobSpec, source: BinaryIO, copy: BinaryIO) -> Scanned | Rejection:
+        """The dataset copied into `source` and read once: valid items' JSON go to `copy`."""
         problems = job_problems(job)
         if any(p.field == "job" for p in problems):  # too big to publish in shards: read nothing
             return Rejection(problems)
         try:  # only from the datasets bucket (or DATASET_LOCAL_ROOT), capped in size
-            data, filename = await asyncio.to_thread(
-                intake_limits.read_dataset, job.dataset, self.s3, self.settings
+            filename = await asyncio.to_thread(
+                intake_limits.copy_dataset, job.dataset, self.s3, self.settings, source
             )
         except (OSError, ValueError, storage.S3Error) as exc:
-            return Rejection(
-                [
-                    *problems,
-                    Problem(
-                        line=None,
-                        field="dataset",
-                        message=f"cannot read dataset {job.dataset[:200]!r}: {exc}",
-                    ),
-                ]
-            )
+            message = f"cannot read dataset {job.dataset[:200]!r}: {exc}"
+            return Rejection([*problems, Problem(line=None, field="dataset", message=message)])
+        source.seek(0)
+        sizes = array("L")
+
+        def keep(_: Item, encoded: bytes) -> None:
+            copy.write(encoded)
+            copy.write(b"\n")
+            sizes.append(len(encoded))
+
         try:
             item_limit = intake_limits.max_item_bytes(job)  # an item and the job share a message
-            loaded = await asyncio.to_thread(load_dataset, data, filename, max_item_bytes=item_limit)
+            scan = await asyncio.to_thread(
+                scan_dataset, source, filename, max_item_bytes=item_limit, sink=keep
+            )
         except DatasetError as exc:
             return Rejection([*problems, *exc.problems])
-        return Rejection(problems) if problems else loaded
+        return Rejection(problems) if problems else Scanned(scan, copy, sizes)
 
-    def _store_dataset(self, loaded: LoadedDataset, uri: str) -> str:
+    def _store_dataset(self, scan: DatasetScan, copy: BinaryIO) -> str:
         """Content-addressed copy: identical content is stored (and versioned) once."""
-        name = f"datasets/{loaded.content_sha256}/items.jsonl"
-        with tempfile.TemporaryFile() as body:  # on disk, not a second copy of the set in memory
-            write_stored_copy(loaded.items, body)
-            storage.put_file(self.s3, self.settings.s3_bucket_datasets, name, body, "application/x-ndjson")
+        name = f"datasets/{scan.content_sha256}/items.jsonl"
+        copy.seek(0, 2)  # put_file uploads up to the current position
+        storage.put_file(self.s3, self.settings.s3_bucket_datasets, name, copy, "application/x-ndjson")
         return f"s3://{self.settings.s3_bucket_datasets}/{name}"
 
-    async def _record_version(
-        self, loaded: LoadedDataset, uri: str, run_id: str, *, from_store: bool
-    ) -> None:
+    async def _record_version(self, scan: DatasetScan, uri: str, run_id: str, *, from_store: bool) -> None:
         """One row per dataset content: the first run makes it, later ones add file names
         (not the store's own name, when a reproduction reads the stored copy)."""
         await self.pool.execute(
@@ -250,9 +223,9 @@ class Intake:
             " ON CONFLICT (content_sha256) DO UPDATE SET names = CASE"
             " WHEN $6 OR $2 = ANY(dataset_versions.names) THEN dataset_versions.names"
             " ELSE dataset_versions.names || $2 END",
-            loaded.content_sha256,
-            loaded.filename,
-            len(loaded.items),
+            scan.content_sha256,
+            scan.filename,
+            scan.items,
             uri,
             run_id,
             from_store,

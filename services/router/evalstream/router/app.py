@@ -5,12 +5,14 @@ Each shard goes to a healthy worker group that serves its model, chosen by ROUTE
 (router/fleet.py, router/health.py). Opted-in runs may be sent to a lighter model while the
 requested one violates its SLA (router/sla.py); the shard then carries `served_model`.
 
+Shards arrive in polls (up to ROUTER_BATCH_RECORDS), routed in order and forwarded without
+waiting for each acknowledgement; a poll is committed once all of it is on the broker.
+
 Back-pressure: when every eligible group is saturated (outstanding shards ≥ ROUTER_MAX_LAG
-per live member) the handler holds its shard and waits, so its partition is not read
-further (router/dispatch.py). One consumer per input partition (max_workers), so a
-saturated model stalls only the partitions whose head shard needs it, and the router holds
-at most one shard per consumer plus aiokafka's bounded prefetch (one fetch per partition):
-memory stays bounded however long the queue upstream grows, and the backlog stays in Kafka.
+per live member) the handler commits what it forwarded so far and holds the shard, waiting,
+so the input is not read further (router/dispatch.py); the router holds at most one poll plus
+aiokafka's bounded prefetch: memory stays bounded however long the queue upstream grows,
+and the backlog stays in Kafka. Several routers share the input partitions.
 A shard that no healthy group serves waits a little, then is parked on the retry topic or,
 in the end, dead-lettered (router/parking.py).
 
@@ -24,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from aiokafka import TopicPartition
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
@@ -65,22 +69,41 @@ class Background:
 background = service.Started[Background]()
 
 
-async def route(msg: KafkaMessage) -> None:
-    record = service.record_of(msg)
-    shard = await service.decode_or_dead_letter(broker, record, Shard)
-    if shard is None:
-        SHARDS.labels(service="router", outcome="undecodable").inc()
-        return
-    await dispatcher.route(shard, record)
+def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
+    """The handler of one input topic's polls."""
+
+    def assigned(record: service.Record) -> bool:
+        """False when a rebalance took the record's partition away while it waited: its new
+        owner routes it (from the committed offset), so this one must not."""
+        consumer = subscribers[topic].consumer
+        return consumer is None or TopicPartition(record.topic, record.partition) in consumer.assignment()
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        consumer = subscribers[topic].consumer
+        if consumer is not None:
+            await consumer.commit({tp: o for tp, o in offsets.items() if tp in consumer.assignment()})
+
+    async def route(msg: KafkaMessage) -> None:
+        shards: list[tuple[Shard, service.Record]] = []
+        for record in service.records_of(msg):
+            shard = await service.decode_or_dead_letter(broker, record, Shard)
+            if shard is None:
+                SHARDS.labels(service="router", outcome="undecodable").inc()
+            else:
+                shards.append((shard, record))
+        await dispatcher.route_batch(shards, assigned, commit)
+
+    return route
 
 
 def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]:
-    """Subscriber arguments for an input topic: one consumer per partition, and a consumer
-    group of its own for a replaced topic (it must not share the stack router's group)."""
-    partitions = next((t.partitions for t in topics.BASE_TOPICS if t.name == topic), topics.WORK_PARTITIONS)
+    """Subscriber arguments for an input topic: polls of shards, and a consumer group of its
+    own for a replaced topic (it must not share the stack router's group)."""
     return {
         "group_id": default_group if topic == default_topic else f"{topics.ROUTER_GROUP}.{topic}",
-        "max_workers": partitions,
+        "batch": True,
+        "max_records": settings.router_batch_records,
+        "batch_timeout_ms": 100,
         "auto_offset_reset": "earliest",
         "ack_policy": AckPolicy.NACK_ON_ERROR,
         # Waiting for room (back-pressure) is deliberate, not a stuck consumer: don't let
@@ -89,9 +112,15 @@ def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]
     }
 
 
-broker.subscriber(SHARDS_TOPIC, **_input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP))(route)
+subscribers = {
+    SHARDS_TOPIC: broker.subscriber(SHARDS_TOPIC, **_input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP))
+}
 if RETRY_TOPIC:
-    broker.subscriber(RETRY_TOPIC, **_input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP))(route)
+    subscribers[RETRY_TOPIC] = broker.subscriber(
+        RETRY_TOPIC, **_input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP)
+    )
+for _topic, _subscriber in subscribers.items():
+    _subscriber(make_route(_topic))
 
 
 # Every router instance reads every heartbeat: no consumer group, from the start of the

@@ -1,12 +1,20 @@
-"""What the router does with one shard: wait for a group (back-pressure), forward it to the
-group's work topic, park it (parking.py) or dead-letter it as unroutable; and the rescue of
-a shard found on a dead group's topic (health.RescueManager)."""
+"""What the router does with a poll of shards: for each, wait for a group (back-pressure),
+forward it to the group's work topic, park it (parking.py) or dead-letter it as unroutable;
+and the rescue of a shard found on a dead group's topic (health.RescueManager).
+
+A poll is routed as a batch: forwards are sent without waiting for each acknowledgement, and
+the poll's offsets are committed once every one is on the broker (the subscriber commits
+after the handler). Before a shard waits for room (back-pressure), what was forwarded so far
+is made durable and committed up to that shard (`Batch.settle`): the backlog behind it stays
+in Kafka, uncommitted, and a router that dies while waiting hands over only what it did not
+forward."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiokafka import TopicPartition
@@ -15,6 +23,7 @@ from faststream.kafka import KafkaBroker
 from evalstream.common import service, topics
 from evalstream.common.messages import Shard, encode
 from evalstream.common.metrics import ROUTER_BACKPRESSURE, ROUTER_ROUTED, SHARDS
+from evalstream.common.spread import shard_key_of
 from evalstream.router.parking import ParkingPolicy
 from evalstream.router.routing import Blocked, Placement, Router
 
@@ -33,6 +42,28 @@ def still_assigned(record: service.Record) -> bool:
     return consumer is None or TopicPartition(record.topic, record.partition) in consumer.assignment()
 
 
+Commit = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+
+
+class Batch:
+    """One poll's forwards in flight, and what of the poll they cover."""
+
+    def __init__(self, commit: Commit | None) -> None:
+        self.commit = commit
+        self.sends: list[Awaitable[object]] = []
+        self.done: dict[TopicPartition, int] = {}  # next offset to commit, by partition
+
+    async def settle(self) -> None:
+        """Every forward so far on the broker, and their records committed."""
+        sends, self.sends = self.sends, []
+        await asyncio.gather(*sends)
+        if self.commit is not None and self.done:
+            await self.commit(dict(self.done))
+
+    def finished(self, record: service.Record) -> None:
+        self.done[TopicPartition(record.topic, record.partition)] = record.offset + 1
+
+
 class Dispatcher:
     def __init__(
         self, broker: KafkaBroker, router: Router, parking: ParkingPolicy, retry_topic: str | None
@@ -43,25 +74,53 @@ class Dispatcher:
         self.retry_topic = retry_topic
         self.stopping = False  # set at shutdown: waiting handlers give their shards back
 
-    async def route(self, shard: Shard, record: service.Record) -> None:
-        await self.hold_until_due(shard)
+    async def route_batch(
+        self,
+        shards: list[tuple[Shard, service.Record]],
+        assigned: Callable[[service.Record], bool],
+        commit: Commit | None,
+    ) -> None:
+        """Routes a poll's shards in order; returns once every forward is on the broker."""
+        batch = Batch(commit)
+        for shard, record in shards:
+            await self.route(shard, record, batch, assigned)
+            batch.finished(record)
+        await asyncio.gather(*batch.sends)
+
+    async def route(
+        self,
+        shard: Shard,
+        record: service.Record,
+        batch: Batch,
+        assigned: Callable[[service.Record], bool] = still_assigned,
+    ) -> None:
+        if shard.not_before > time.time():
+            await batch.settle()
+            await self.hold_until_due(shard)
         wait = self.parking.wait_for(shard, lambda: self.router.fleet.known(shard.model, shard.worker_group))
-        placement = await self.place(shard, wait.give_up)
+        placement = await self.place(shard, wait.give_up, before_waiting=batch.settle)
         if isinstance(placement, Placement):
-            if still_assigned(record):
-                await self.forward(shard, placement, "routed")
+            if assigned(record):
+                batch.sends.append(await self.forward(shard, placement, "routed"))
         elif wait.unroutable():
             await self.dead_letter_unroutable(shard, record, time.time() - wait.parked_at)
             self.parking.parked(shard)  # the same reason: the next ones need not wait
-        elif self.retry_topic and still_assigned(record):
+        elif self.retry_topic and assigned(record):
             parked = msgspec.structs.replace(shard, parked_at=wait.parked_at, not_before=wait.not_before())
-            await self.broker.publish(encode(parked), self.retry_topic, key=shard.run_id.encode())
+            await self.broker.publish(encode(parked), self.retry_topic, key=shard_key_of(shard))
             self.parking.parked(shard)
             SHARDS.labels(service="router", outcome="parked").inc()
 
-    async def place(self, shard: Shard, stop: Callable[[Blocked], bool]) -> Placement | Blocked:
-        """Waits until the shard has a group, or `stop(reason)` says to stop waiting."""
+    async def place(
+        self,
+        shard: Shard,
+        stop: Callable[[Blocked], bool],
+        before_waiting: Callable[[], Awaitable[None]] | None = None,
+    ) -> Placement | Blocked:
+        """Waits until the shard has a group, or `stop(reason)` says to stop waiting;
+        `before_waiting` runs once, before the first wait."""
         waiting = False
+        settled = False
         try:
             while True:
                 if self.stopping:
@@ -69,6 +128,9 @@ class Dispatcher:
                 decision = self.router.decide(shard, time.time())
                 if isinstance(decision, Placement) or stop(decision):
                     return decision
+                if before_waiting is not None and not settled:
+                    settled = True
+                    await before_waiting()
                 if decision is Blocked.SATURATED:
                     self.router.want_lag()
                     if not waiting:
@@ -79,11 +141,13 @@ class Dispatcher:
             if waiting:
                 ROUTER_BACKPRESSURE.dec()
 
-    async def forward(self, shard: Shard, placement: Placement, reason: str) -> None:
+    async def forward(self, shard: Shard, placement: Placement, reason: str) -> Awaitable[object]:
+        """Queues the shard for its group's topic; returns its acknowledgement to await (a
+        poll's forwards are awaited together)."""
         served = placement.model if placement.model != shard.model else None
         routed = msgspec.structs.replace(shard, routed_to=placement.group, served_model=served)
-        await self.broker.publish(
-            encode(routed), topics.work_topic(placement.group), key=shard.run_id.encode()
+        acknowledged: Awaitable[object] = await self.broker.publish(
+            encode(routed), topics.work_topic(placement.group), key=shard_key_of(shard), no_confirm=True
         )
         SHARDS.labels(service="router", outcome=reason).inc()
         ROUTER_ROUTED.labels(
@@ -92,6 +156,7 @@ class Dispatcher:
             model=placement.model,
             reason=reason,
         ).inc()
+        return acknowledged
 
     async def hold_until_due(self, shard: Shard) -> None:
         """A retry holds its partition (eval.retry only) until it is due. A parked shard is
@@ -118,7 +183,7 @@ class Dispatcher:
         except ShuttingDown:
             return None
         if isinstance(placement, Placement):
-            await self.forward(shard, placement, "rerouted")
+            await (await self.forward(shard, placement, "rerouted"))
             return True
         return None if stopping() else False
 
@@ -132,6 +197,6 @@ class Dispatcher:
                 record, error, attempts=shard.attempt, run_id=shard.run_id, item_id=item.id
             )
             await service.dead_letter(
-                self.broker, encode(one), headers, key=shard.run_id.encode(), reason="unroutable"
+                self.broker, encode(one), headers, key=shard.shard_id.encode(), reason="unroutable"
             )
         SHARDS.labels(service="router", outcome="unroutable").inc()

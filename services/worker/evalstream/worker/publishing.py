@@ -16,6 +16,7 @@ from evalstream.common import service, telemetry, topics
 from evalstream.common.messages import Shard, ShardResult, encode
 from evalstream.common.metrics import ITEMS, SHARDS
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.common.spread import shard_key_of
 from evalstream.worker.runner import Failure, Outcome
 
 
@@ -74,7 +75,7 @@ class OutcomePublisher:
                 sends += [
                     telemetry.in_span(
                         span(shard.shard_id),
-                        self.broker.publish(data, topics.RESULTS, key=shard.run_id.encode()),
+                        self.broker.publish(data, topics.RESULTS, key=shard.shard_id.encode()),
                     )
                     for data in result_messages(payload)
                 ]
@@ -100,7 +101,7 @@ class OutcomePublisher:
             attempt=shard.attempt + 1,
             not_before=time.time() + shard.retry.delay_after(shard.attempt),
         )
-        await self.broker.publish(encode(again), topics.RETRY, key=shard.run_id.encode())
+        await self.broker.publish(encode(again), topics.RETRY, key=shard_key_of(shard))
         ITEMS.labels(service="worker", status="retried").inc(len(failures))
 
     async def dead_letter(self, f: Failure) -> None:
@@ -114,6 +115,6 @@ class OutcomePublisher:
             original_topic=topics.work_topic(self.group),
         )
         await service.dead_letter(
-            self.broker, encode(one), headers, key=f.shard.run_id.encode(), reason="failed"
+            self.broker, encode(one), headers, key=f.shard.shard_id.encode(), reason="failed"
         )
         ITEMS.labels(service="worker", status="dead_lettered").inc()

@@ -1,0 +1,322 @@
+"""One pass over a whole dataset, in memory that does not grow with its items' text: every
+record read (formats.py) and checked (fields.py), then the checks of the set as a whole.
+
+A run must never start on a question set that turns out to be broken half-way through, so
+the producer reads and validates the *whole* file before it publishes a single shard, and
+reports every problem at once (with line numbers) so the user can fix the file in one go.
+
+The set-wide checks keep a few fixed-size numbers per item (an 8-byte hash of its id, a
+32-byte digest of its content, a 28-byte key of its question and answer), never the items:
+150,000 items cost about 10 MB whatever their length. A hash match is confirmed on the
+items' own text by reading the few lines concerned again, so a collision can never raise a
+false problem. Items themselves go to `sink` as they are read (the producer writes them to
+its stored copy; `load_dataset` keeps them in a list for callers that want them all).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import msgspec
+import numpy as np
+
+from evalstream.common.datasets.fields import GENERIC_FIELDS, HUMANEVAL_FIELDS, Fields, quiet_id
+from evalstream.common.datasets.formats import Format, open_records
+from evalstream.common.datasets.problems import DatasetError, Problem, Report, by_line
+from evalstream.common.messages import Item, encode
+
+DEFAULT_MAX_ITEM_BYTES = 900_000  # an item must fit in a shard message (Kafka's 1 MiB)
+MAX_UNKNOWN_FIELDS = 100  # distinct unknown field names reported (one warning each)
+MAX_CONFLICT_WARNINGS = 1000  # repeated questions with different answers, reported one by one
+
+ItemSink = Callable[[Item, bytes], None]  # (item, its JSON as stored and published)
+
+_END_PUNCTUATION = (
+    string.punctuation + " \u00bf\u00a1\u2026\u201c\u201d\u2018\u2019\u00ab\u00bb\u3002\uff1f\uff01"
+)
+
+
+@dataclass(frozen=True)
+class DatasetScan:
+    """A fully validated question set, without its items.
+
+    `sha256` identifies the exact bytes (what was uploaded); `content_sha256` identifies the
+    questions and gold labels regardless of order and file format, so that a converted or
+    shuffled copy of the same set is recognisably the same benchmark."""
+
+    format: Format
+    sha256: str
+    content_sha256: str
+    items: int
+    warnings: list[Problem]
+    filename: str
+
+
+def normalise(text: str) -> str:
+    """For spotting repeated questions: case, spacing and end punctuation do not count."""
+    return " ".join(text.lower().split()).strip(_END_PUNCTUATION)
+
+
+def canonical(item: Item) -> bytes:
+    """The item's JSON with keys sorted and defaults omitted: the same for any file format."""
+    return msgspec.json.encode(item, order="sorted")
+
+
+def item_digest(item: Item) -> bytes:
+    return hashlib.sha256(canonical(item)).digest()
+
+
+def content_sha256(items: Any) -> str:
+    """Order- and format-independent hash of a set of items: sha256 over the sorted sha256
+    digests of their canonical JSON."""
+    return _digest_of_digests(b"".join(item_digest(i) for i in items))
+
+
+def legacy_content_sha256(items: Any) -> str:
+    """The content hash of manifests written before version 2 of it (sha256 over the sorted
+    canonical JSON of the items, one per line): stored copies of older runs still check."""
+    h = hashlib.sha256()
+    for encoded in sorted(canonical(item) for item in items):
+        h.update(encoded)
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def _digest_of_digests(digests: bytes | bytearray) -> str:
+    ordered = np.sort(np.frombuffer(bytes(digests), dtype="S32"))
+    return hashlib.sha256(ordered.tobytes()).hexdigest()
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _question_key(item: Item) -> bytes:
+    if item.messages is not None:
+        text = "\n".join(f"{m.role}: {m.content}" for m in item.messages)
+    else:
+        text = item.question or ""
+    return hashlib.blake2b(msgspec.json.encode((normalise(text), item.choices)), digest_size=16).digest()
+
+
+class _SetChecks:
+    """What the set-wide checks keep per item: fixed-size numbers, in arrays."""
+
+    def __init__(self) -> None:
+        self.id_hashes = array("Q")
+        self.id_lines = array("L")
+        self.digests = bytearray()
+        self.questions = bytearray()  # 16-byte question keys of answered items
+        self.answers = array("Q")  # hash of each one's normalised answer
+        self.answer_lines = array("L")
+        self.unknown: dict[str, tuple[int, int]] = {}  # field -> (first line, count)
+        self.unknown_more = 0  # records with fields past MAX_UNKNOWN_FIELDS names
+
+    def record(self, line: int, record: dict[str, Any], known: frozenset[str]) -> None:
+        for name in record:
+            if name in known:
+                continue
+            if name in self.unknown:
+                first, count = self.unknown[name]
+                self.unknown[name] = (first, count + 1)
+            elif len(self.unknown) < MAX_UNKNOWN_FIELDS:
+                self.unknown[name] = (line, 1)
+            else:
+                self.unknown_more += 1
+
+    def item_id(self, item_id: str, line: int) -> None:
+        self.id_hashes.append(_hash64(item_id))
+        self.id_lines.append(line)
+
+    def item(self, line: int, item: Item) -> None:
+        self.digests += item_digest(item)
+        if item.answer is not None:
+            self.questions += _question_key(item)
+            self.answers.append(_hash64(normalise(item.answer)))
+            self.answer_lines.append(line)
+
+    def duplicate_id_lines(self) -> list[int]:
+        """Lines whose id hash is shared with another line (candidates, to confirm)."""
+        hashes = np.frombuffer(self.id_hashes, dtype=np.uint64)
+        if len(hashes) < 2:
+            return []
+        order = np.argsort(hashes, kind="stable")
+        ordered = hashes[order]
+        same = ordered[1:] == ordered[:-1]
+        shared = np.zeros(len(hashes), dtype=bool)
+        shared[1:] |= same
+        shared[:-1] |= same
+        lines = np.frombuffer(self.id_lines, dtype=np.uint32 if self.id_lines.itemsize == 4 else np.uint64)
+        return sorted(int(x) for x in lines[order[shared]])
+
+    def conflicts(self) -> list[tuple[int, int]]:
+        """(first line, later line) of items that ask the same question (by key) with a
+        different answer (by hash), the later one compared with the first; in file order."""
+        n = len(self.answers)
+        if n < 2:
+            return []
+        keys = np.frombuffer(bytes(self.questions), dtype="S16")
+        answers = np.frombuffer(self.answers, dtype=np.uint64)
+        lines = np.frombuffer(
+            self.answer_lines, dtype=np.uint32 if self.answer_lines.itemsize == 4 else np.uint64
+        )
+        order = np.argsort(keys, kind="stable")  # stable: file order within a question
+        keys, answers, lines = keys[order], answers[order], lines[order]
+        starts = np.concatenate(([True], keys[1:] != keys[:-1]))
+        first_index = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+        differs = answers != answers[first_index]
+        pairs = [(int(lines[first_index[i]]), int(lines[i])) for i in np.nonzero(differs)[0]]
+        return sorted(pairs, key=lambda p: p[1])
+
+
+def _sha256_of(stream: BinaryIO) -> str:
+    start = stream.tell()
+    digest = hashlib.file_digest(stream, "sha256").hexdigest()  # type: ignore[arg-type]
+    stream.seek(start)
+    return digest
+
+
+def scan_dataset(
+    stream: BinaryIO,
+    filename: str,
+    *,
+    max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
+    sink: ItemSink | None = None,
+) -> DatasetScan:
+    """Reads and validates the whole dataset in `stream` (seekable; read from its start);
+    each valid item goes to `sink` while no problem has been found. Raises DatasetError
+    listing every problem."""
+    report = Report()
+    sha256 = _sha256_of(stream)
+    opened = open_records(stream, filename, report)
+    checks = _SetChecks()
+    fields = Fields(report)
+    count = 0
+    if opened is not None:
+        known = HUMANEVAL_FIELDS if opened.humaneval else GENERIC_FIELDS
+        id_field = "task_id" if opened.humaneval else "id"
+        for line, record in opened.records:
+            checks.record(line, record, known)
+            item_id = fields.item_id(line, record, id_field)
+            if item_id is not None:  # checked even when the rest is bad: both problems show
+                checks.item_id(item_id, line)
+            item = fields.item(line, record, humaneval=opened.humaneval)
+            if item is None or item_id is None:
+                continue
+            encoded = encode(item)
+            if len(encoded) > max_item_bytes:
+                report.problem(
+                    line,
+                    None,
+                    f"item {item.id!r} is {len(encoded)} bytes as JSON, over the {max_item_bytes}-byte limit "
+                    "for one Kafka message",
+                )
+                continue
+            checks.item(line, item)
+            count += 1
+            if sink is not None and not report.problems:
+                sink(item, encoded)
+    if opened is not None:
+        _confirm_duplicates(stream, filename, report, checks.duplicate_id_lines(), opened.humaneval)
+    if not report.problems and count == 0:
+        report.problem(None, None, "dataset is empty")
+    if report.problems:
+        raise DatasetError(by_line(report.problems), filename)
+    _conflict_warnings(stream, filename, report, checks.conflicts())
+    warnings = [
+        Problem(
+            first,
+            name,
+            f'unknown field "{name}" ignored ({n} {report.unit}{"s" if n > 1 else ""})',
+            report.unit,
+        )
+        for name, (first, n) in checks.unknown.items()
+    ]
+    if checks.unknown_more:
+        warnings.append(
+            Problem(
+                None,
+                None,
+                f"{checks.unknown_more} more unknown fields ignored (only {MAX_UNKNOWN_FIELDS} named)",
+            )
+        )
+    assert opened is not None
+    return DatasetScan(
+        format=opened.format,
+        sha256=sha256,
+        content_sha256=_digest_of_digests(checks.digests),
+        items=count,
+        warnings=by_line(warnings + report.warnings),
+        filename=filename,
+    )
+
+
+def _records_at(stream: BinaryIO, filename: str, lines: set[int]) -> dict[int, dict[str, Any]]:
+    """The records on `lines`, read again (the rare path: only lines a hash pointed at)."""
+    stream.seek(0)
+    opened = open_records(stream, filename, Report())
+    if opened is None:
+        return {}
+    out = {}
+    for line, record in opened.records:
+        if line in lines:
+            out[line] = record
+            if len(out) == len(lines):
+                break
+    return out
+
+
+def _confirm_duplicates(
+    stream: BinaryIO, filename: str, report: Report, candidates: list[int], humaneval: bool
+) -> None:
+    """A duplicate id on its later lines, named with the line of its first use."""
+    if not candidates:
+        return
+    records = _records_at(stream, filename, set(candidates))
+    first_line: dict[str, int] = {}
+    for line in candidates:
+        item_id = quiet_id(records.get(line, {}), "task_id" if humaneval else "id")
+        if item_id is None:
+            continue
+        if item_id in first_line:
+            report.problem(
+                line, "id", f'duplicate id "{item_id}" (first on {report.unit} {first_line[item_id]})'
+            )
+        else:
+            first_line[item_id] = line
+
+
+def _conflict_warnings(stream: BinaryIO, filename: str, report: Report, pairs: list[tuple[int, int]]) -> None:
+    """The same question with two different gold answers is almost always a labelling
+    mistake that would cap accuracy below 100 %; worth a warning, not a refusal."""
+    if not pairs:
+        return
+    shown = pairs[:MAX_CONFLICT_WARNINGS]
+    records = _records_at(stream, filename, {line for pair in shown for line in pair})
+    fields = Fields(Report())
+    items: dict[int, Item | None] = {}
+    for line, record in records.items():
+        items[line] = fields.item(line, record, humaneval=False)
+    confirmed = 0
+    for first_line, line in shown:
+        first, item = items.get(first_line), items.get(line)
+        if first is None or item is None or first.answer is None or item.answer is None:
+            continue
+        if _question_key(first) != _question_key(item) or normalise(first.answer) == normalise(item.answer):
+            continue  # a hash collision, not a conflict
+        confirmed += 1
+        report.warning(
+            line,
+            "answer",
+            f'"{item.id}" repeats the question of "{first.id}" ({report.unit} {first_line}) '
+            f"with a different answer: {item.answer!r} vs {first.answer!r}",
+        )
+    if len(pairs) > len(shown):
+        report.warning(
+            None, "answer", f"{len(pairs) - len(shown)} more repeated questions with a different answer"
+        )

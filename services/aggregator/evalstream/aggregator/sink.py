@@ -1,0 +1,230 @@
+"""The results sink: one window of Kafka records (results, dead letters or a regrade's copied
+failures) into PostgreSQL, the Parquet segments in S3 and the Delta Lake table, then the
+completion of every run the window finished, all before the window's offsets are committed.
+
+A window is what one poll of a topic returned (the subscriber's fetch waits for
+AGGREGATOR_WINDOW_BYTES or AGGREGATOR_WINDOW_MS, up to AGGREGATOR_WINDOW_RECORDS records), so
+a fast stream is written in a few large windows across every run it carries, and a slow run's
+results still appear within the time bound.
+
+Several aggregators share the topics' partitions (and so one run's results). Each window runs
+under SinkLock, a PostgreSQL advisory lock held across its database transaction, its mirror
+(Parquet, then Delta) and its completion check:
+
+* the Delta table and each Parquet segment have one writer at a time, and every segment is
+  rewritten from rows read after the writer's own commit, so the last rewrite holds every
+  committed row;
+* a run is marked completed only by the holder of the lock, after its own mirror; every row
+  committed before was mirrored by the window that committed it, before it let go of the
+  lock: a completed run's rows are all in S3 and Delta, whichever aggregator wrote them.
+
+Crash safety (at-least-once delivery, exactly-once effects): the database write is idempotent
+per item; each row records the Kafka record whose result it holds (`source`); the Delta commit
+carries, per input partition, the offset after its records (delta.py), so a window redone
+after a crash gives Delta exactly the rows of the records it had not committed yet, found in
+PostgreSQL by their source when the write itself added nothing the second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from minio import Minio
+
+from evalstream.aggregator import objects
+from evalstream.aggregator.completion import Completion, Recorded, written_results
+from evalstream.aggregator.delta import DeltaMirror, app_id
+from evalstream.aggregator.store import (
+    DeadLetterRecord,
+    ResultStore,
+    Sourced,
+    Written,
+    coordinates,
+    storable,
+)
+from evalstream.common.messages import ItemResult
+from evalstream.common.results import RESULT_COLUMNS
+from evalstream.common.testhooks import CrashPoints
+
+log = logging.getLogger("evalstream.aggregator.sink")
+
+SINK_LOCK_KEY = 0x65767369  # "evsi": one window at a time across every aggregator
+LOCK_TIMEOUT_S = 300  # a holder stuck longer than this is not waited for: the window is retried
+SEGMENT_WRITERS = 8  # Parquet segments written at once (S3 round trips overlap)
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one poll brought: results, each with the record that carried it, and the rows
+    of the dead letters among the records."""
+
+    results: list[Sourced] = field(default_factory=list)
+    dead_letters: list[DeadLetterRecord] = field(default_factory=list)
+
+
+class SinkLock:
+    """PostgreSQL's session advisory lock SINK_LOCK_KEY on a connection of its own (the
+    window's transaction commits before its mirror, and the lock spans both), plus an asyncio
+    lock, since one session's advisory lock is re-entrant for every handler of the process."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._local = asyncio.Lock()
+        self._conn: asyncpg.Connection | None = None
+
+    async def _connection(self) -> asyncpg.Connection:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(
+                self.dsn, server_settings={"lock_timeout": f"{LOCK_TIMEOUT_S}s"}, timeout=30
+            )
+        return self._conn
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        async with self._local:
+            conn = await self._connection()
+            try:
+                await conn.execute("SELECT pg_advisory_lock($1)", SINK_LOCK_KEY)
+            except BaseException:
+                await self._drop()
+                raise
+            try:
+                yield
+            finally:
+                try:
+                    await conn.execute("SELECT pg_advisory_unlock($1)", SINK_LOCK_KEY)
+                except BaseException:
+                    await self._drop()  # the session's end releases the lock
+                    raise
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
+
+    async def close(self) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()
+        self._conn = None
+
+
+def result_row(result: ItemResult) -> dict[str, Any]:
+    """A result as its database row holds it (NUL replaced, as store.write stores it)."""
+    return {c: storable(getattr(result, c)) for c in RESULT_COLUMNS}
+
+
+@dataclass
+class Effects:
+    """What a window's mirror must do: Delta rows to append or merge, the transaction
+    versions they commit, and the Parquet segments to rewrite, by run."""
+
+    appended: list[Row] = field(default_factory=list)
+    merged: list[Row] = field(default_factory=list)
+    transactions: dict[str, int] = field(default_factory=dict)
+    segments: dict[str, set[int]] = field(default_factory=dict)
+
+    def touch(self, run_id: str, ordinal: int) -> None:
+        self.segments.setdefault(run_id, set()).add(objects.segment_of(ordinal))
+
+
+class ResultSink:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        lock: SinkLock,
+        store: ResultStore,
+        s3: Minio,
+        bucket: str,
+        delta: DeltaMirror,
+        completion: Completion,
+        crash_points: CrashPoints,
+    ) -> None:
+        self.pool = pool
+        self.lock = lock
+        self.store = store
+        self.s3 = s3
+        self.bucket = bucket
+        self.delta = delta
+        self.completion = completion
+        self.crash_points = crash_points  # test-only (FAULT_INJECT)
+
+    async def record(self, window: Window) -> Recorded:
+        """Writes the window, mirrors it, completes the runs it finished; returns what it
+        added (rows, not deliveries) for the metrics."""
+        runs = sorted({r.result.run_id for r in window.results})
+        finished: list[tuple[str, bool, dict[str, Any]]] = []
+        async with self.lock.held(), self.pool.acquire() as conn:
+            async with conn.transaction():
+                written = await self.store.write(conn, window.results, window.dead_letters)
+            self.crash_points.reach("aggregator_exit_after_write")
+            await self.mirror(conn, window, written)
+            self.crash_points.reach("aggregator_exit_after_delta")
+            for run_id in runs:
+                done = await self.completion.complete_if_done(run_id)
+                if done is not None:
+                    finished.append((run_id, *done))
+        for run_id, first, summary in finished:
+            await self.completion.finish(run_id, first, summary)
+            if first:  # the table has one writer at a time: compaction takes the lock too
+                async with self.lock.held():
+                    await self.delta.compact(run_id)
+        recorded = written_results([r.result for r in window.results], written)
+        await self.completion.observe(recorded)
+        return recorded
+
+    async def mirror(self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]) -> None:
+        effects = await self.effects(conn, window, written)
+        by_segment = [
+            (run_id, k) for run_id, segments in sorted(effects.segments.items()) for k in sorted(segments)
+        ]
+        gate = asyncio.Semaphore(SEGMENT_WRITERS)
+
+        async def rewrite(run_id: str, segment: int) -> None:
+            first, end = objects.segment_bounds(segment)
+            async with gate:
+                rows = await self.store.segment_rows(self.pool, run_id, first, end)
+                await asyncio.to_thread(objects.write_segment, self.s3, self.bucket, run_id, segment, rows)
+
+        await asyncio.gather(*(rewrite(run_id, k) for run_id, k in by_segment))
+        await self.delta.commit(effects.appended, effects.merged, effects.transactions)
+
+    async def effects(
+        self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]
+    ) -> Effects:
+        out = Effects()
+        coords = {r.source: coordinates(r.source) for r in window.results}
+        partitions = sorted({(t, p) for t, p, _ in coords.values()})
+        held = await self.delta.held([app_id(t, p) for t, p in partitions])
+
+        def pending(source: str) -> bool:
+            topic, partition, offset = coords[source]
+            version = held[app_id(topic, partition)]
+            return version is None or offset >= version
+
+        for (run_id, _), w in written.items():
+            out.touch(run_id, w.ordinal)
+            if pending(w.row.source):
+                (out.appended if w.inserted else out.merged).append(result_row(w.row.result))
+        # Items this write did not change, carried by records Delta has not committed: a window
+        # redone after a crash finds its rows by their source (else they are duplicates).
+        again = {r.key for r in window.results if r.key not in written and pending(r.source)}
+        if again:
+            sources = {r.source for r in window.results if pending(r.source)}
+            for (run_id, _), row in (await self.store.stored_rows(conn, again)).items():
+                if row["source"] in sources:
+                    out.touch(run_id, row["ordinal"])
+                    out.merged.append({c: row[c] for c in RESULT_COLUMNS})
+        for source in coords:
+            if pending(source):
+                topic, partition, offset = coords[source]
+                key = app_id(topic, partition)
+                out.transactions[key] = max(out.transactions.get(key, 0), offset + 1)
+        return out
