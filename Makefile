@@ -4,6 +4,8 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 WORKERS ?= 1
+ROUTERS ?= 1
+AGGREGATORS ?= 1
 STACK ?= $(CURDIR)/.stack
 export EVALSTREAM_STACK := $(STACK)
 
@@ -14,7 +16,7 @@ help:
 	@echo "make test        stack up (installing on first use) + the test suite, fault scenarios scaled down"
 	@echo "make test-faults the fault-injection scenarios at full size (long)"
 	@echo "make bench       benchmarks, JSON into bench/results/"
-	@echo "make up|down|ps|clean   the local stack (WORKERS=n make up for n workers); folder: $(STACK)"
+	@echo "make up|down|ps|clean   the local stack (WORKERS=n ROUTERS=n AGGREGATORS=n make up); folder: $(STACK)"
 	@echo "make up HOSTS=n  the workers on n network-namespace hosts, a worker group each (root; HOSTS=0: back)"
 	@echo "make lint        ruff + mypy"
 
@@ -23,7 +25,7 @@ venv:
 	@bash ops/local/venv.sh >/dev/null
 
 up: venv
-	@$(PY) ops/local/stack.py up --workers $(WORKERS) $(if $(HOSTS),--hosts $(HOSTS))
+	@$(PY) ops/local/stack.py up --workers $(WORKERS) --routers $(ROUTERS) --aggregators $(AGGREGATORS) $(if $(HOSTS),--hosts $(HOSTS))
 
 up-infra: venv
 	@$(PY) ops/local/stack.py up --infra-only

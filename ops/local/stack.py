@@ -58,7 +58,11 @@ from localstack.proc import Proc  # noqa: E402
 from localstack.prometheus import (  # noqa: E402
     prometheus_argv,
     prometheus_prepare,
+    replica_port,
+    replica_ports,
+    replica_targets,
     worker_ports,
+    write_replica_targets,
     write_worker_targets,
 )
 from localstack.seaweed import (  # noqa: E402
@@ -163,18 +167,28 @@ def host_infra() -> list[Proc]:
     ]
 
 
-def services(workers: int, services_host: bool = False) -> list[Proc]:
-    """The producer, router and aggregator (the last two on host0 with --services-host) and
-    `workers` workers beside the infrastructure."""
+def services(workers: int, services_host: bool = False, routers: int = 1, aggregators: int = 1) -> list[Proc]:
+    """The producer, `routers` routers and `aggregators` aggregators (each kind one consumer
+    group; on host0 with --services-host) and `workers` workers beside the infrastructure."""
+    host = hosts.SERVICES_HOST if services_host else None
     procs = [service("producer", PORTS["producer"])]
-    procs += [
-        service(n, PORTS[n], host=hosts.SERVICES_HOST if services_host else None)
-        for n in ("router", "aggregator")
-    ]
+    procs += [service(name, port, host=host) for name, port in replica_ports("router", routers)]
+    procs += [service(name, port, host=host) for name, port in replica_ports("aggregator", aggregators)]
     procs += [
         service(f"worker-{i}", p, {"WORKER_ID": f"worker-{i}"}) for i, p in enumerate(worker_ports(workers))
     ]
     return procs
+
+
+def running_replicas(host: hosts.Host | None = None) -> list[Proc]:
+    """The extra routers and aggregators running now (router-1, aggregator-1, ...)."""
+    out = []
+    for kind in ("router", "aggregator"):
+        for p in sorted((STACK / "run").glob(f"{kind}-*.pid")):
+            index = p.stem.removeprefix(f"{kind}-")
+            if index.isdigit():
+                out.append(service(p.stem, replica_port(kind, int(index)), host=host))
+    return out
 
 
 def infra() -> list[Proc]:
@@ -210,7 +224,7 @@ def set_hosts(n_hosts: int, services_host: bool) -> None:
             p.stop()
     if services_host != services_before:
         prometheus = Proc("prometheus", prometheus_argv, lambda: True)
-        for p in [*services(0, services_before)[1:], prometheus]:
+        for p in [*services(0, services_before)[1:], *running_replicas(), prometheus]:
             p.stop()
     if n_hosts > 0:
         toxiproxy_binary()
@@ -261,7 +275,14 @@ def worker_targets(workers: int, n_hosts: int) -> list[str]:
     return [f"127.0.0.1:{p}" for p in worker_ports(workers)]
 
 
-def up(workers: int, infra_only: bool, n_hosts: int | None = None, services_host: bool | None = None) -> None:
+def up(
+    workers: int,
+    infra_only: bool,
+    n_hosts: int | None = None,
+    services_host: bool | None = None,
+    routers: int = 1,
+    aggregators: int = 1,
+) -> None:
     t0 = time.monotonic()
     install_apt()
     kafka_libs()
@@ -276,7 +297,7 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None, services_host
     if procs[0].pid() is not None and not kafka_config_current():
         # A broker (and its clients) from before authentication: restarted with SASL/SCRAM.
         log("Kafka runs without this stack's SASL/SCRAM configuration: restarting it and the services")
-        for p in [*running_workers(), *running_host_workers(), *services(0), procs[0]]:
+        for p in [*running_workers(), *running_host_workers(), *running_replicas(), *services(0), procs[0]]:
             p.stop()
     targets = worker_targets(workers, n_hosts)
     moved = {n: hosts.SERVICES_HOST.address for n in ("router", "aggregator")} if services_host else {}
@@ -285,7 +306,7 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None, services_host
         prometheus_argv,
         lambda: http_ok(f"http://127.0.0.1:{PROM_PORT}/-/ready"),
         timeout=60,
-        prepare=lambda: prometheus_prepare(targets, moved),
+        prepare=lambda: prometheus_prepare(targets, moved, replica_targets(routers, aggregators, moved)),
     )
     started = [p.name for p in procs if p.start()]
     for p in procs:
@@ -300,13 +321,16 @@ def up(workers: int, infra_only: bool, n_hosts: int | None = None, services_host
         started.append("prometheus")
     else:
         write_worker_targets(targets)
+        write_replica_targets(replica_targets(routers, aggregators, moved))
     prometheus.wait_healthy()
     if not infra_only:
         # With hosts, every worker runs on a host: none on the infrastructure's machine.
-        svcs = services(0 if n_hosts else workers, services_host) + host_workers(n_hosts, workers)
-        # Scale down: workers beyond the requested count are stopped (they drain first).
+        svcs = services(0 if n_hosts else workers, services_host, routers, aggregators)
+        svcs += host_workers(n_hosts, workers)
+        # Scale down: workers, routers and aggregators beyond the requested counts are
+        # stopped (they drain first).
         wanted = {p.name for p in svcs}
-        for extra_worker in [*running_workers(), *running_host_workers()]:
+        for extra_worker in [*running_workers(), *running_host_workers(), *running_replicas()]:
             if extra_worker.name not in wanted:
                 extra_worker.stop()
         started += [p.name for p in svcs if p.start()]
@@ -323,6 +347,7 @@ def all_procs() -> list[Proc]:
     return [
         *running_host_workers(),
         *running_workers(),
+        *running_replicas(hosts.SERVICES_HOST if hosts.services_host_configured() else None),
         *services(0, hosts.services_host_configured()),
         prometheus,
         *host_infra(),
@@ -371,6 +396,18 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="install on first use, start what is not running, wait until healthy")
     p_up.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "1")))
+    p_up.add_argument(
+        "--routers",
+        type=int,
+        default=int(os.environ.get("ROUTERS", "1")),
+        help="routers in the router's consumer group (at most KAFKA_PARTITIONS_SHARDS do work)",
+    )
+    p_up.add_argument(
+        "--aggregators",
+        type=int,
+        default=int(os.environ.get("AGGREGATORS", "1")),
+        help="aggregators in the aggregator's consumer groups (at most KAFKA_PARTITIONS_RESULTS do work)",
+    )
     p_up.add_argument("--infra-only", action="store_true", help="Kafka, PostgreSQL, S3 and Prometheus only")
     p_up.add_argument(
         "--hosts",
@@ -414,7 +451,9 @@ def main() -> None:
     if args.cmd == "up":
         if args.hosts is not None and args.hosts < 0:
             ap.error("--hosts must be 0 or more")
-        up(args.workers, args.infra_only, args.hosts, args.services_host)
+        if args.routers < 1 or args.aggregators < 1:
+            ap.error("--routers and --aggregators must be 1 or more")
+        up(args.workers, args.infra_only, args.hosts, args.services_host, args.routers, args.aggregators)
     elif args.cmd == "ps":
         ps()
     elif args.cmd == "hosts":

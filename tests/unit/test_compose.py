@@ -743,6 +743,8 @@ def test_local_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     workers = [{"targets": targets, "labels": {"service": "worker"}}]
     (tmp_path / "workers.json").write_text(json.dumps(workers))
     (tmp_path / "spawned.json").write_text(json.dumps([]))
+    replicas = [{"targets": ["127.0.0.1:8121"], "labels": {"service": "router"}}]
+    (tmp_path / "replicas.json").write_text(json.dumps(replicas))
     _promtool(config)
 
 
@@ -768,7 +770,7 @@ def test_local_prometheus_scrapes_the_local_stack() -> None:
     assert config["global"]["scrape_interval"] == "5s"
     assert config["rule_files"] == ["__ROOT__/ops/prometheus/rules/*.yml"]
     jobs = _jobs(PROMETHEUS / "prometheus.local.yml")
-    assert set(jobs) == {*SERVICES, "prometheus", "spawned"}
+    assert set(jobs) == {*SERVICES, "prometheus", "spawned", "replicas"}
     for service in ("producer", "router", "aggregator"):
         (static,) = jobs[service]["static_configs"]
         assert static == {"targets": [f"127.0.0.1:{SERVICE_PORTS[service]}"], "labels": {"service": service}}
@@ -776,6 +778,8 @@ def test_local_prometheus_scrapes_the_local_stack() -> None:
     assert file_sd == {"files": ["__STACK__/workers.json"], "refresh_interval": "5s"}
     (spawned,) = jobs["spawned"]["file_sd_configs"]
     assert spawned == {"files": ["__STACK__/spawned.json"], "refresh_interval": "5s"}
+    (replicas,) = jobs["replicas"]["file_sd_configs"]
+    assert replicas == {"files": ["__STACK__/replicas.json"], "refresh_interval": "5s"}
     assert jobs["prometheus"]["static_configs"][0]["targets"] == [
         f"127.0.0.1:{stack.PROM_PORT - STACK_OFFSET}"
     ]
