@@ -65,6 +65,28 @@ class ChatMessage(msgspec.Struct, frozen=True):
     content: str
 
 
+class TaskFile(msgspec.Struct, frozen=True):
+    """One file of an lm-evaluation-harness task: its path relative to the task root and its
+    text, as read when the run was submitted."""
+
+    path: str
+    text: str
+
+
+class TaskSource(msgspec.Struct, frozen=True, kw_only=True):
+    """The lm-evaluation-harness task a run's items were rendered from (`evalctl submit
+    --task`): recorded in the run manifest so that the run names exactly what produced its
+    prompts. The items themselves are the run's dataset; nothing re-renders them."""
+
+    name: str  # the task's name (lm-eval's `task`)
+    files: list[TaskFile]  # the task's YAML first, then the files it includes, in order
+    sha256: str  # of the files (evalstream.common.lmeval.task_sha256)
+    reader: str  # the reader that rendered the items, e.g. "lm-eval-0.4.13/1"
+    num_fewshot: int = 0  # as rendered (the YAML's, or an override)
+    fewshot_seed: int = 1234  # the few-shot sampler's seed
+    group: str | None = None  # the group YAML the task was submitted through, if any
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Published to eval.jobs by `evalctl submit` or any Kafka client."""
 
@@ -83,6 +105,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     # answers generated afresh, never read from the answer cache (`evalctl reproduce`: a
     # reproduction served from the cache would prove nothing)
     bypass_cache: bool = False
+    # the lm-evaluation-harness task the dataset was rendered from (`evalctl submit --task`)
+    task: TaskSource | None = None
     schema_version: int = SCHEMA_VERSION
 
 

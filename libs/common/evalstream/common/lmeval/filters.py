@@ -1,0 +1,155 @@
+"""lm-eval 0.4.13's answer filters and its `exact_match` metric, as pure functions: what a
+grader applies to a generated answer of an lm-eval `generate_until` task so that its grade is
+lm-eval's (lm_eval/filters/extraction.py RegexFilter, filters/selection.py TakeFirstFilter,
+api/metrics.py exact_match_hf_evaluate).
+
+An item rendered by the task reader carries what they need in `meta.lm_eval`:
+
+    "filters": [{"name": "strict-match",
+                 "filter": [{"function": "regex", "regex_pattern": "#### (\\-?[0-9\\.\\,]+)",
+                             "group_select": 0, "fallback": "[invalid]"},
+                            {"function": "take_first"}]}, ...]
+    "metric": {"metric": "exact_match", "ignore_case": true, "regexes_to_ignore": [...]}
+
+`grade(response, item)` reads them: the answer of each filter pipeline (the first pipeline's
+is the item's grade, as the run's headline; lm-eval reports each), compared with the gold
+answer as exact_match compares. Differences from evalstream's `regex` and `exact` graders
+(why they are not used): RegexFilter takes the `group_select`-th match of `findall` (the
+first by default, not the last) and of a match with several groups the first non-empty one;
+no match gives the fallback; the raw response is searched (no reasoning or whitespace
+stripping); and exact_match compares after only the options the task names (no case folding,
+quote or "the answer is" stripping unless asked).
+
+Patterns are untrusted: `compile_pattern` may be given a safe compiler (the worker's RE2 or
+deadline-bounded one); the default is Python's `re`, as lm-eval's.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MAX_PATTERN_CHARS = 2000
+
+
+class CompiledPattern(Protocol):
+    def findall(self, string: str) -> list[Any]: ...
+
+    def sub(self, repl: str, string: str) -> str: ...
+
+
+Compiler = Callable[[str], CompiledPattern]
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why `pattern` is not a usable regular expression (Python syntax, as lm-eval's), or None."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"pattern over {MAX_PATTERN_CHARS} characters"
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"bad pattern {pattern!r}: {exc}"
+    return None
+
+
+def regex_filter(
+    response: str,
+    pattern: str,
+    group_select: int = 0,
+    fallback: str = "[invalid]",
+    compile_pattern: Compiler = re.compile,
+) -> str:
+    """lm-eval's RegexFilter on one response."""
+    matches = compile_pattern(pattern).findall(response if isinstance(response, str) else "")
+    if not matches:
+        return fallback
+    match = matches[group_select]  # an IndexError in lm-eval too (a group_select past the matches)
+    if isinstance(match, tuple):
+        found = [m for m in match if m]
+        match = found[0] if found else fallback
+    return str(match).strip()
+
+
+def apply_pipeline(
+    response: str, steps: Sequence[dict[str, Any]], compile_pattern: Compiler = re.compile
+) -> str:
+    """One filter pipeline (`filter_list[i].filter`) on one response (repeats are 1, so
+    take_first keeps the response)."""
+    out = response
+    for step in steps:
+        function = step.get("function")
+        if function == "regex":
+            out = regex_filter(
+                out,
+                step.get("regex_pattern", r"#### (\-?[0-9\.\,]+)"),
+                int(step.get("group_select", 0)),
+                str(step.get("fallback", "[invalid]")),
+                compile_pattern,
+            )
+        elif function != "take_first":
+            raise ValueError(f"unsupported filter {function!r}")
+    return out
+
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_DIGITS = str.maketrans("", "", string.digits)
+
+
+def exact_match(
+    prediction: str,
+    reference: str,
+    *,
+    regexes_to_ignore: Sequence[str] | None = None,
+    ignore_case: bool = False,
+    ignore_punctuation: bool = False,
+    ignore_numbers: bool = False,
+    compile_pattern: Compiler = re.compile,
+) -> bool:
+    """lm-eval's exact_match for one prediction (numpy string semantics: trailing NULs do not
+    count)."""
+    for pattern in regexes_to_ignore or ():
+        compiled = compile_pattern(pattern)
+        prediction = compiled.sub("", prediction)
+        reference = compiled.sub("", reference)
+    if ignore_case:
+        prediction, reference = prediction.lower(), reference.lower()
+    if ignore_punctuation:
+        prediction, reference = prediction.translate(_PUNCTUATION), reference.translate(_PUNCTUATION)
+    if ignore_numbers:
+        prediction, reference = prediction.translate(_DIGITS), reference.translate(_DIGITS)
+    return prediction.rstrip("\x00") == reference.rstrip("\x00")
+
+
+@dataclass(frozen=True)
+class FilteredGrade:
+    """Per filter pipeline: its name, the filtered answer and whether it matches the gold."""
+
+    name: str
+    extracted: str
+    correct: bool
+
+
+def grade(
+    response: str, meta: dict[str, Any], gold: str, compile_pattern: Compiler = re.compile
+) -> list[FilteredGrade]:
+    """Every filter pipeline of an item's `meta.lm_eval` applied to `response` and scored
+    with its exact_match options; the first is the item's grade."""
+    options = dict(meta.get("metric") or {})
+    options.pop("metric", None)
+    out = []
+    for pipeline in meta.get("filters") or [{"name": "none", "filter": [{"function": "take_first"}]}]:
+        extracted = apply_pipeline(response, pipeline.get("filter", []), compile_pattern)
+        correct = exact_match(
+            extracted,
+            gold,
+            regexes_to_ignore=options.get("regexes_to_ignore"),
+            ignore_case=bool(options.get("ignore_case", False)),
+            ignore_punctuation=bool(options.get("ignore_punctuation", False)),
+            ignore_numbers=bool(options.get("ignore_numbers", False)),
+            compile_pattern=compile_pattern,
+        )
+        out.append(FilteredGrade(str(pipeline.get("name", "")), extracted, correct))
+    return out
