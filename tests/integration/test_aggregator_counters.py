@@ -11,13 +11,11 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from evalstream.aggregator import delta
 from evalstream.aggregator.completion import Completion, written_results
-from evalstream.aggregator.store import ResultStore
+from evalstream.aggregator.store import ResultStore, Sourced, source_of
 from evalstream.common import db, storage
 from evalstream.common.messages import ItemResult
 from evalstream.common.settings import Settings
-from evalstream.common.testhooks import CrashPoints
 from tests.support import unique
 
 pytestmark = pytest.mark.stack
@@ -50,14 +48,15 @@ async def test_a_redriven_success_moves_its_item_from_failed_to_succeeded(
     pool = await db.create_pool(stack.database_url)
     try:
         store = ResultStore(pool)
-        table = delta.DeltaMirror(
-            delta.DeltaResults(delta.table_uri(stack), delta.storage_options(stack)), store
-        )
-        completion = Completion(store, storage.client(stack), stack.s3_bucket_results, table, CrashPoints(""))
+        completion = Completion(store, storage.client(stack), stack.s3_bucket_results)
+        offset = 0
 
         async def record(results: list[ItemResult]) -> None:
-            ok = [r for r in results if r.error is None]
-            written = await store.write(ok, [r for r in results if r.error is not None])
+            nonlocal offset
+            offset += 1
+            rows = [Sourced(r, source_of("eval.results", 0, offset)) for r in results]
+            async with pool.acquire() as conn, conn.transaction():
+                written = await store.write(conn, rows)
             await completion.observe(written_results(results, written))
 
         await record([result(run_id, "a"), result(run_id, "b", "dead-lettered"), result(run_id, "c", "x")])

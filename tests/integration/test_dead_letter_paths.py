@@ -65,9 +65,13 @@ async def test_dead_letters_at_the_same_offset_of_a_recreated_topic_are_both_kep
     pool = await db.create_pool(stack.database_url)
     try:
         store = ResultStore(pool)
-        await store.write([], [], [letter(now_ms, "before the topic was recreated")])
-        await store.write([], [], [letter(now_ms + 60_000, "after: offsets start again")])
-        await store.write([], [], [letter(now_ms, "before the topic was recreated")])  # redelivered
+        for one in (
+            letter(now_ms, "before the topic was recreated"),
+            letter(now_ms + 60_000, "after: offsets start again"),
+            letter(now_ms, "before the topic was recreated"),  # redelivered
+        ):
+            async with pool.acquire() as conn, conn.transaction():
+                await store.write(conn, [], [one])
     finally:
         await pool.close()
     errors = [

@@ -82,7 +82,7 @@ async def test_postgres_round_trip_through_migrated_schema(stack: Settings) -> N
             run_id,
         )
         insert = (
-            "INSERT INTO item_results (run_id, item_id, shard_id, score) VALUES ($1, 'a', 's', $2)"
+            "INSERT INTO item_results (run_id, item_id, shard_id, score, ordinal) VALUES ($1, 'a', 's', $2, 0)"
             " ON CONFLICT DO NOTHING"
         )
         await conn.execute(insert, run_id, 1.0)

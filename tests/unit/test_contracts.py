@@ -26,7 +26,8 @@ def test_parquet_types_are_declared_not_inferred() -> None:
 
 def test_the_aggregator_writes_every_result_column_with_its_declared_type() -> None:
     assert objects.SCHEMA.names == list(RESULT_COLUMNS)
-    assert store.UPSERT_SUCCESS.startswith(f"INSERT INTO item_results ({', '.join(RESULT_COLUMNS)})")
+    columns = ", ".join((*RESULT_COLUMNS, "ordinal", "source"))
+    assert store.UPSERT_SUCCESS.startswith(f"INSERT INTO item_results ({columns})")
     assert "$6::boolean[]" in store.UPSERT_SUCCESS and "$9::int4[]" in store.UPSERT_SUCCESS
 
 

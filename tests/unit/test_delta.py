@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from evalstream.aggregator.delta import DeltaResults, RunMeta, shard_version
+from evalstream.aggregator.delta import DeltaResults, RunMeta, app_id
 from evalstream.common.results import RESULT_COLUMNS
 from tests.support import duckdb_delta
 
@@ -52,20 +52,20 @@ def con() -> duckdb.DuckDBPyConnection:
     return duckdb_delta()
 
 
-def test_a_redelivered_shard_adds_nothing_and_a_redrive_replaces_the_failure(
+def test_a_window_commits_its_rows_with_the_offsets_it_covers(
     tmp_path: Path, con: duckdb.DuckDBPyConnection
 ) -> None:
     table = DeltaResults(str(tmp_path), {})
-    first = {("run-a", "s0"): [row("run-a", "1", "s0"), row("run-a", "2", "s0", error="boom")]}
-    assert table.write(first, META) == 1
+    app = app_id("eval.results", 3)
+    assert table.held([app]) == {app: None}
+    assert table.commit([row("run-a", "1", "s0"), row("run-a", "2", "s0", error="boom")], [], META, {app: 18})
+    assert table.held([app, app_id("eval.results", 4)]) == {app: 18, app_id("eval.results", 4): None}
     version = table.table().version()  # type: ignore[union-attr]
-    assert table.write(first, META) == 0  # redelivered: the shard's version is already held
-    assert table.table().version() == version  # type: ignore[union-attr]  # not even an empty commit
-    # the rest of the shard arrives, item 2 redriven to a success
-    later = {("run-a", "s0"): [row("run-a", "1", "s0"), row("run-a", "2", "s0"), row("run-a", "3", "s0")]}
-    assert shard_version(later[("run-a", "s0")]) > shard_version(first[("run-a", "s0")])
-    assert table.write(later, META) == 1
-    assert table.write(later, META) == 0
+    assert not table.commit([], [], META, {app: 25})  # nothing to write: no commit at all
+    assert table.table().version() == version  # type: ignore[union-attr]
+    # a later window: item 2 redriven to a success (merged), item 3 new
+    assert table.commit([row("run-a", "3", "s0")], [row("run-a", "2", "s0")], META, {app: 30})
+    assert table.held([app]) == {app: 30}
     assert read(con, tmp_path) == [
         ("run-a", "1", None, "null", "m" * 64),
         ("run-a", "2", None, "null", "m" * 64),
@@ -73,21 +73,25 @@ def test_a_redelivered_shard_adds_nothing_and_a_redrive_replaces_the_failure(
     ]
 
 
-def test_a_success_is_never_replaced(tmp_path: Path, con: duckdb.DuckDBPyConnection) -> None:
-    table = DeltaResults(str(tmp_path), {})
-    table.write({("run-a", "s0"): [row("run-a", "1", "s0")]}, META)
-    # a stale failure of the same item beside a new one (the database never does this, the table holds anyway)
-    table.write({("run-a", "s0"): [row("run-a", "1", "s0", error="late"), row("run-a", "2", "s0")]}, META)
-    assert [r[:3] for r in read(con, tmp_path)] == [("run-a", "1", None), ("run-a", "2", None)]
-
-
-def test_runs_are_partitions_and_compaction_keeps_every_row(
+def test_a_merge_inserts_what_is_missing_and_never_replaces_a_success(
     tmp_path: Path, con: duckdb.DuckDBPyConnection
 ) -> None:
     table = DeltaResults(str(tmp_path), {})
+    table.commit([row("run-a", "1", "s0")], [], META, {})
+    # a stale failure of the same item beside a new one (the database never does this, the table holds anyway)
+    table.commit([], [row("run-a", "1", "s0", error="late"), row("run-a", "2", "s0")], META, {})
+    table.commit([], [row("run-a", "2", "s0")], META, {})  # merged again: still one row
+    assert [r[:3] for r in read(con, tmp_path)] == [("run-a", "1", None), ("run-a", "2", None)]
+
+
+def test_runs_are_partitions_and_compaction_keeps_rows_and_offsets(
+    tmp_path: Path, con: duckdb.DuckDBPyConnection
+) -> None:
+    table = DeltaResults(str(tmp_path), {})
+    app = app_id("eval.results", 0)
     for i in range(6):
-        table.write({("run-a", f"s{i}"): [row("run-a", f"{i}-{j}", f"s{i}") for j in range(3)]}, META)
-    table.write({("run-b", "s0"): [row("run-b", "x", "s0")]}, META)
+        table.commit([row("run-a", f"{i}-{j}", f"s{i}") for j in range(3)], [], META, {app: 10 * (i + 1)})
+    table.commit([row("run-b", "x", "s0")], [], META, {})
     before = read(con, tmp_path)
     files = len([f for f in table.table().file_uris() if "run_id=run-a" in f])  # type: ignore[union-attr]
     assert files == 6
@@ -96,5 +100,5 @@ def test_runs_are_partitions_and_compaction_keeps_every_row(
     assert len([f for f in table.table().file_uris() if "run_id=run-a" in f]) == 1  # type: ignore[union-attr]
     assert read(con, tmp_path) == before
     assert len(before) == 19
-    # compaction keeps the transaction identifiers: a redelivery after it still adds nothing
-    assert table.write({("run-a", "s0"): [row("run-a", f"0-{j}", "s0") for j in range(3)]}, META) == 0
+    # compaction keeps the transaction identifiers: a window redone after it is recognised
+    assert table.held([app]) == {app: 60}
