@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from evalstream.cli.common import (
     EXIT_REJECTED,
@@ -39,7 +40,7 @@ from evalstream.common import fleet, storage
 from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
 from evalstream.common.jobs import new_run_id, publish_job
 from evalstream.common.manifest import Request, code_version, manifest_differences, request_from_manifest
-from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
+from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, TaskSource
 from evalstream.common.regrading import StoredCopyError, run_items
 from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
@@ -122,6 +123,8 @@ def plan_reproduction(
         name=f"reproduce {run_id}",
         run_id=new_run_id,
         bypass_cache=not use_cache,
+        # the lm-eval task the items were rendered from (the items are the stored copy's)
+        task=msgspec.convert(req.task, TaskSource) if req.task is not None else None,
     )
     return Plan(job, blockers, warnings)
 

@@ -93,7 +93,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """`dataset_uri`: the content-addressed copy in S3 (what a reproduction reads);
     `dataset_sha256`: of the uploaded bytes; `content_sha256`: of the items."""
-    return {
+    manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
         "dataset": {"content_sha256": content_sha256, "items": total},
         "model": {"spec": job.model, "sla_fallback": job.sla_fallback},
@@ -119,6 +119,18 @@ def build_manifest(
             "prompt_template": job.prompt_template,
         },
     }
+    if job.task is not None:  # only then: the hashes of runs without a task stay as they were
+        manifest["task"] = task_section(job)
+    return manifest
+
+
+def task_section(job: JobSpec) -> dict[str, Any]:
+    """The lm-evaluation-harness task the items were rendered from (`evalctl submit --task`):
+    its files' text and their hash, the reader's version, the few-shot settings. Hashed: the
+    same items rendered from another YAML are another run."""
+    assert job.task is not None
+    section: dict[str, Any] = msgspec.to_builtins(job.task)
+    return section
 
 
 def hashed_part(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +172,7 @@ class Request:
     sla_fallback: bool = False
     grader_version: str | None = None  # not recorded before manifest_version 2
     templates: dict[str, str] | None = None  # idem
+    task: dict[str, Any] | None = None  # the lm-eval task section (`evalctl submit --task`), if any
 
 
 def request_from_manifest(m: dict[str, Any]) -> Request:
@@ -190,4 +203,5 @@ def request_from_manifest(m: dict[str, Any]) -> Request:
         sla_fallback=m["model"]["sla_fallback"],
         grader_version=m["grader"]["version"],
         templates=m["prompt"]["templates"],
+        task=m.get("task"),
     )

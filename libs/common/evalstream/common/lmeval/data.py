@@ -160,7 +160,7 @@ def load_splits(cfg: TaskConfig, needed: set[str], src: DataSource) -> dict[str,
         raise TaskRefused("no dataset_path", key="dataset_path")
     if path in BUILDERS:
         raise TaskRefused(f"dataset_path {path} needs dataset_kwargs.data_files", key="dataset_kwargs")
-    folder = _hub_dir(path, src)
+    folder = _hub_dir(path, src, cfg.dataset_name)
     if cfg.dataset_name:
         folder = folder / cfg.dataset_name
     for split in sorted(needed):
@@ -179,11 +179,11 @@ def load_splits(cfg: TaskConfig, needed: set[str], src: DataSource) -> dict[str,
     return out
 
 
-def _hub_dir(path: str, src: DataSource) -> Path:
+def _hub_dir(path: str, src: DataSource, name: str | None = None) -> Path:
     if src.data_dir is None:
         raise TaskDataError(
             f"{path!r} is a Hugging Face hub dataset, and the hub is not read from here: download its "
-            f"splits as files and pass --data-dir DIR with DIR/{path}/<dataset_name>/<split>.jsonl "
+            f"splits as files and pass --data-dir DIR with DIR/{path}/{name + '/' if name else ''}<split>.jsonl "
             "(or .json, .parquet, .csv)",
             key="dataset_path",
         )
