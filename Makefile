@@ -60,10 +60,11 @@ test-unit: venv
 # The fault suite kills brokers and databases: it gets a stack of its own, every port shifted
 # by 2000, data in .stack-faults/, so the development stack is never disturbed.
 # FAULTS_SCALE sizes the scenarios' runs (1: full size, results in bench/results/faults.json).
-# It has three hosts (network namespaces, as root): the host faults and the 3-host e2e run.
+# It has three hosts (network namespaces, as root): the host faults and the 3-host e2e run;
+# two routers and two aggregators, so that every scenario's runs are shared by both.
 FAULTS_SCALE ?= 1
 FAULTS_ENV := EVALSTREAM_PORT_OFFSET=2000 EVALSTREAM_STACK=$(CURDIR)/.stack-faults WORKER_MODEL=null,replay:* \
-  FAULTS_SCALE=$(FAULTS_SCALE)
+  FAULTS_SCALE=$(FAULTS_SCALE) ROUTERS=2 AGGREGATORS=2
 test-faults: venv
 	@env $(FAULTS_ENV) $(PY) ops/local/stack.py up --workers 1 --hosts 3
 	@env $(FAULTS_ENV) bash -c '$(CLIENT_ENV) && $(PY) -m pytest -m "faults or hosts" $(PYTEST_ARGS)'

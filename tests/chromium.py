@@ -49,8 +49,11 @@ class Page:
     ) -> dict[str, Any]:
         return self.browser.send(method, params, session=self.session, timeout=timeout)
 
-    def evaluate(self, expression: str) -> Any:
-        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+    def evaluate(self, expression: str, *, await_promise: bool = False) -> Any:
+        reply = self.send(
+            "Runtime.evaluate",
+            {"expression": expression, "returnByValue": True, "awaitPromise": await_promise},
+        )
         if "exceptionDetails" in reply:
             raise AssertionError(f"evaluate failed: {reply['exceptionDetails']}")
         return reply["result"].get("value")
@@ -168,7 +171,7 @@ class Chromium:
                     return self._events.pop(i)
             self._events.append(self._read_message(deadline))
 
-    def open(self, url: str, *, settle_s: float = 0.3) -> Page:
+    def open(self, url: str, *, timeout: float = 30.0) -> Page:
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, session)
@@ -176,21 +179,40 @@ class Chromium:
             page.send(f"{domain}.enable")
         page.send("Page.navigate", {"url": url})
         self.wait_event("Page.loadEventFired", session)
-        self.collect(page, settle_s)
+        self.collect(page, timeout)
         return page
 
-    def navigate_by(self, page: Page, expression: str, *, settle_s: float = 0.3) -> str:
+    def navigate_by(self, page: Page, expression: str, *, timeout: float = 30.0) -> str:
         """Runs `expression` (a click, a form submission) and waits for the page it loads;
         returns the new URL. What that page logs or fetches is added to `page`."""
         page.evaluate(expression)
         self.wait_event("Page.loadEventFired", page.session)
-        self.collect(page, settle_s)
+        self.collect(page, timeout)
         return str(page.evaluate("location.href"))
 
-    def collect(self, page: Page, settle_s: float) -> None:
+    def settled(self, page: Page) -> bool:
+        """The document is complete, laid out (two animation frames later), and every
+        request it made has finished or failed: what it logs or fetches has arrived."""
+        ready = page.evaluate(
+            "new Promise(r => requestAnimationFrame(() => requestAnimationFrame("
+            "() => r(document.readyState))))",
+            await_promise=True,
+        )
+        mine = [e for e in self._events if e.get("sessionId") == page.session]
+        sent = {e["params"]["requestId"] for e in mine if e.get("method") == "Network.requestWillBeSent"}
+        done = {
+            e["params"]["requestId"]
+            for e in mine
+            if e.get("method") in ("Network.loadingFinished", "Network.loadingFailed")
+        }
+        return ready == "complete" and sent <= done
+
+    def collect(self, page: Page, timeout: float) -> None:
         session = page.session
-        time.sleep(settle_s)
-        page.evaluate("0")  # drains the events that arrived meanwhile
+        deadline = time.monotonic() + timeout
+        while not self.settled(page):  # a condition, not a pause
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the page did not settle within {timeout:.0f} s")
         for ev in [e for e in self._events if e.get("sessionId") == session]:
             self._events.remove(ev)
             method, params = ev.get("method"), ev.get("params", {})

@@ -96,8 +96,12 @@ async def test_delta_table_equals_postgres_after_kill_redelivery_and_redrive(
     # 1) the aggregator dies (kill -9 semantics: os._exit) right after its second Delta
     #    commit, before the Kafka commit: that batch is redelivered to its successor
     stack_cmd("stop", "aggregator")
+    log = STACK / "logs" / "aggregator.log"
+    log_from = log.stat().st_size if log.exists() else 0
+    # It may die before it reports healthy: what follows proves that it died at its point.
     with contextlib.suppress(subprocess.CalledProcessError):
         stack_cmd("up", env={"FAULT_INJECT": "aggregator_exit_after_delta=2"})
+    started = int((STACK / "run" / "aggregator.pid").read_text())  # it was started (else: raises)
     run_id = unique("run-delta")
     job = JobSpec(
         dataset=upload_dataset(stack, write_jsonl(tmp_path / "d.jsonl", arithmetic_items(60, prefix="d"))),
@@ -108,16 +112,20 @@ async def test_delta_table_equals_postgres_after_kill_redelivery_and_redrive(
     )
     results_start = await topic_end_offsets(topics.RESULTS)
     await kafka_producer.send_and_wait(topics.JOBS, encode(job), key=run_id.encode())
-    pidfile = STACK / "run" / "aggregator.pid"
 
-    async def aggregator_died() -> bool:
+    async def died_at_its_crash_point() -> bool:
+        """The process started with the crash point is gone, and it said it exited there
+        (a process that never started, or died of something else, does not pass)."""
+        said = "fault injection: exiting at aggregator_exit_after_delta #2" in log.read_bytes()[
+            log_from:
+        ].decode(errors="replace")
         try:
-            os.kill(int(pidfile.read_text()), 0)
+            os.kill(started, 0)
             return False
-        except (ProcessLookupError, FileNotFoundError, ValueError):
-            return True
+        except ProcessLookupError:
+            return said
 
-    await wait_until(aggregator_died, 120, what="the aggregator to die at its crash point")
+    await wait_until(died_at_its_crash_point, 120, what="the aggregator to die at its crash point")
     stack_cmd("up")  # back, without the crash point
 
     async def completed() -> bool:

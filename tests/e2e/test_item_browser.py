@@ -328,7 +328,7 @@ async def test_hostile_answers_stay_text_and_run_nothing(
         out = []
         with Chromium(tmp_path) as browser:
             for url in urls:
-                page = browser.open(url, settle_s=0.5)
+                page = browser.open(url)
                 # hover and click everything a model might have made clickable
                 page.evaluate("document.querySelectorAll('details').forEach(d => d.open = true); 0")
                 page.evaluate(
@@ -370,7 +370,7 @@ async def test_the_execution_detector_is_not_blind(listener: Listener, tmp_path:
 
     def visit(path: Path) -> str:
         with Chromium(tmp_path / path.stem) as browser:
-            page = browser.open(path.as_uri(), settle_s=0.5)
+            page = browser.open(path.as_uri())
             return str(page.evaluate("document.title"))
 
     (tmp_path / "raw").mkdir()

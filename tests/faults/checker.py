@@ -133,9 +133,7 @@ def check(h: RunHistory) -> Verdict:
     _compare(v, "runs.recorded", h.recorded, len(h.rows))
     _check_parquet(v, h)
     _check_counters(v, h.counters, succeeded, failed, score)
-    for where, totals in sorted(h.reports.items()):
-        for name, actual in (("recorded", len(h.rows)), ("succeeded", succeeded), ("failed", failed)):
-            _compare(v, f"report ({where}) {name}", totals.get(name), actual)
+    _check_reports(v, h, succeeded, failed)
     cache, fresh = h.cache_entries, h.cacheable_answers
     if cache is not None and fresh is not None and cache > fresh:
         v.duplicated.append(f"answer cache: {cache} entries for {fresh} distinct fresh answers")
@@ -172,6 +170,19 @@ def _check_parquet(v: Verdict, h: RunHistory) -> None:
         v.diverged.append(
             f"{len(differ)} item(s) whose Parquet outcome differs from the row, e.g. {differ[:3]}"
         )
+
+
+def _check_reports(v: Verdict, h: RunHistory, succeeded: int, failed: int) -> None:
+    """A completed run has both reports (S3's report.json and runs.summary), readable, and
+    their totals are the rows."""
+    if h.status == "completed":
+        v.diverged += [f"report ({where}) missing" for where in ("s3", "summary") if where not in h.reports]
+    for where, totals in sorted(h.reports.items()):
+        if "unreadable" in totals:
+            v.diverged.append(f"report ({where}) unreadable: {totals['unreadable']}")
+            continue
+        for name, actual in (("recorded", len(h.rows)), ("succeeded", succeeded), ("failed", failed)):
+            _compare(v, f"report ({where}) {name}", totals.get(name), actual)
 
 
 def _check_counters(v: Verdict, c: RunCounters | None, succeeded: int, failed: int, score: float) -> None:

@@ -133,7 +133,7 @@ async def test_14_host_partitioned_past_session_timeout_then_healed(
     cut_worker = next(w for w, h in group.on_host.items() if h == cut["name"])
     sc = await Scenario("14 worker host partitioned > session timeout, healed", stack, group.topic).begin()
     sizes = [scaled(n, 200) for n in (3000, 2000, 1200, 600)]
-    await sc.submit_spread(tmp_path, group.name, sizes, "part")
+    await sc.submit_many(tmp_path, group.name, sizes, "part")
     await sc.in_flight(at_least_rows=20)
 
     async def cut_host_working() -> bool:  # the partition must cut a host that holds work
@@ -202,7 +202,7 @@ async def test_15_slow_lossy_link_between_host_and_broker(
     slow_worker = next(w for w, h in group.on_host.items() if h == slow["name"])
     sc = await Scenario("15 slow, lossy link host <-> broker (Toxiproxy)", stack, group.topic).begin()
     sizes = [scaled(n, 200) for n in (3000, 2000, 1200, 600)]
-    await sc.submit_spread(tmp_path, group.name, sizes, "slow")
+    await sc.submit_many(tmp_path, group.name, sizes, "slow")
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     for toxic in SLOW_LOSSY_LINK:

@@ -1,9 +1,11 @@
 """Fault scenarios (issues 6 and 14): break one thing while several runs are in flight, then
 let the checker (checker.py) judge every effect of every item.
 
-Every scenario runs at least four runs at once, of different sizes, whose shards and
-results land on different partitions (run ids picked by Kafka's partitioner), so that a
-batch chains records of several partitions through its nack, commit and redelivery paths.
+Every scenario runs at least four runs at once, of different sizes, with run ids drawn at
+random: each run's shards and results spread over every partition (spread.py), and the fault
+stack runs two routers and two aggregators (`make test-faults`), so a batch chains records of
+several runs and partitions through its nack, commit and redelivery paths, and one run is
+served by several processes of every kind.
 Outages also take a run submitted while they last. Faults are injected while the runs are
 provably in flight (rows < total, checked right after the injection), and every wait has a
 deadline and says what it waited for; durations are reported in faults.json, never asserted.
@@ -24,12 +26,14 @@ import signal
 from pathlib import Path
 
 import asyncpg
+import msgspec
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from evalstream.common import topics
 from evalstream.common.lag import topic_partitions
+from evalstream.common.messages import ShardResult, decode
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.engines.testhooks import FaultPlan
@@ -39,12 +43,12 @@ from tests.faults.harness import (
     alive_pid,
     end_offsets,
     kill,
+    run_ids,
     scaled,
-    spread_run_ids,
     stack_cmd,
     wait_for,
 )
-from tests.support import ServiceProcess, admin_kafka, admin_settings, unique
+from tests.support import ServiceProcess, admin_kafka, admin_settings, read_records, unique
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
@@ -158,7 +162,7 @@ async def results_piling_up(sc: Scenario, at_least: int, timeout: float = 180) -
 async def test_01_kill_9_worker_mid_batch(stack: Settings, group: Group, tmp_path: Path) -> None:
     await group.start(stack)
     sc = await scenario("01 kill -9 worker mid-batch", stack, group)
-    await sc.submit_spread(tmp_path, group.name, sizes(), "k9w")
+    await sc.submit_many(tmp_path, group.name, sizes(), "k9w")
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     group.workers[0].signal(signal.SIGKILL)
@@ -173,7 +177,7 @@ async def test_02_sigstop_worker_past_session_timeout(stack: Settings, group: Gr
     sc = await scenario("02 SIGSTOP worker > session timeout, SIGCONT", stack, group)
     # Big enough at any scale that the worker left alone (delay 10 ms: 100 items/s at most)
     # is still busy when the paused one is evicted (about 15 s later): 6,000 items at 0.2.
-    await sc.submit_spread(tmp_path, group.name, sizes(floor=1500, base=(3000, 2000, 1500, 1500)), "stop")
+    await sc.submit_many(tmp_path, group.name, sizes(floor=1500, base=(3000, 2000, 1500, 1500)), "stop")
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     group.workers[1].signal(signal.SIGSTOP)
@@ -194,7 +198,7 @@ async def test_03_batch_longer_than_poll_interval(stack: Settings, spawn, tmp_pa
     slow = Group(spawn, delay_ms=200, WORKER_MAX_SHARDS="1", WORKER_MAX_POLL_INTERVAL_MS="4000")
     await slow.start(stack)
     sc = await scenario("03 batch longer than the poll interval", stack, slow)
-    await sc.submit_spread(
+    await sc.submit_many(
         tmp_path, slow.name, sizes(floor=50, base=(150, 100, 100, 50)), "poll", shard_size=50
     )
     verdict(await sc.judge(DEADLINE_S))
@@ -210,7 +214,7 @@ async def test_04_restart_kafka_mid_run(stack: Settings, spawn, tmp_path: Path, 
     await group.start(stack)
     sc = await scenario(f"04 Kafka restart ({how})", stack, group)
     big, *others = sizes(floor=200, base=(2000, 1200, 600, 300))
-    late_id, *ids = spread_run_ids("kafka", 4)
+    late_id, *ids = run_ids("kafka", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
@@ -238,7 +242,7 @@ async def test_05_aggregator_dies_between_write_and_commit(stack: Settings, spaw
     group = Group(spawn, delay_ms=40)
     await group.start(stack)
     sc = await scenario("05 kill -9 aggregator between DB write and commit", stack, group)
-    await sc.submit_spread(tmp_path, group.name, sizes(floor=250), "aggx")
+    await sc.submit_many(tmp_path, group.name, sizes(floor=250), "aggx")
     await sc.in_flight(at_least_rows=10)
     await sc.fault_begins()
     stack_cmd("stop", "aggregator")
@@ -256,7 +260,7 @@ async def test_06_restart_postgres_mid_run(stack: Settings, spawn, tmp_path: Pat
     await group.start(stack)
     sc = await scenario("06 PostgreSQL restart", stack, group)
     big, *others = sizes(floor=200, base=(2000, 1200, 600, 300))
-    late_id, *ids = spread_run_ids("pg", 4)
+    late_id, *ids = run_ids("pg", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     await sc.in_flight(at_least_rows=20)
     await sc.assert_in_flight()
@@ -275,7 +279,7 @@ async def test_07_s3_unavailable(stack: Settings, spawn, tmp_path: Path) -> None
     await group.start(stack)
     sc = await scenario("07 S3 store down", stack, group)
     big, *others = sizes(floor=300, base=(3000, 1500, 800, 400))
-    late_id, *ids = spread_run_ids("s3", 4)
+    late_id, *ids = run_ids("s3", 4)
     await asyncio.gather(*(sc.submit(tmp_path, group.name, n, r) for n, r in zip(others, ids, strict=True)))
     staged = await sc.stage(tmp_path, big, late_id)  # uploaded before the outage, as evalctl would
     await sc.in_flight(at_least_rows=20)
@@ -316,7 +320,7 @@ async def test_08_poison_message_on_every_topic(stack: Settings, group: Group, t
     finally:
         await producer.stop()
     # every partition keeps moving: runs behind the poison complete
-    await sc.submit_spread(tmp_path, group.name, sizes(floor=40, base=(300, 200, 100, 60)), "poison")
+    await sc.submit_many(tmp_path, group.name, sizes(floor=40, base=(300, 200, 100, 60)), "poison")
     verdict(await sc.judge(DEADLINE_S))
 
     async def letters() -> list[asyncpg.Record]:
@@ -347,9 +351,7 @@ async def test_09_redrive_dead_letters_twice(stack: Settings, spawn, tmp_path: P
     faulty = Group(spawn, delay_ms=0, ENGINE_FAULTS="permanent=0.1,seed=3")
     await faulty.start(stack)
     sc = await scenario("09 redrive dead letters twice", stack, faulty)
-    runs = await sc.submit_spread(
-        tmp_path, faulty.name, sizes(floor=100, base=(400, 300, 200, 100)), "redrive"
-    )
+    runs = await sc.submit_many(tmp_path, faulty.name, sizes(floor=100, base=(400, 300, 200, 100)), "redrive")
     first = await sc.judge(DEADLINE_S)
     verdict(first)
     conn = await asyncpg.connect(stack.database_url)
@@ -405,7 +407,7 @@ async def test_10_kill_9_producer_while_publishing(stack: Settings, spawn, tmp_p
 
         before = 0
         before = await published()
-        await sc.submit_spread(
+        await sc.submit_many(
             tmp_path, group.name, [big, *sizes(base=(2000, 1000, 500))], "prod", shard_size=5
         )
         total = -(-sum(len(r.ids) for r in sc.runs.values()) // 5)
@@ -428,7 +430,7 @@ async def test_11_scale_workers_1_3_1_under_load(stack: Settings, group: Group, 
     await group.start(stack)
     sc = await scenario("11 scale workers 1 -> 3 -> 1", stack, group)
     # Three workers (300 items/s at most) must not finish while two of them start and stop.
-    await sc.submit_spread(tmp_path, group.name, sizes(floor=1000, base=(4000, 2500, 1500, 1000)), "scale")
+    await sc.submit_many(tmp_path, group.name, sizes(floor=1000, base=(4000, 2500, 1500, 1000)), "scale")
     await sc.in_flight(at_least_rows=20)
     await group.start(stack, 2)  # 1 -> 3
     await sc.in_flight(at_least_rows=100)
@@ -443,7 +445,7 @@ async def test_12_transient_and_permanent_engine_errors(stack: Settings, spawn, 
     faulty = Group(spawn, delay_ms=0, ENGINE_FAULTS=faults)
     await faulty.start(stack)
     sc = await scenario("12 10% transient + 1% permanent engine errors", stack, faulty)
-    runs = await sc.submit_spread(
+    runs = await sc.submit_many(
         tmp_path, faulty.name, sizes(floor=500, base=(8000, 6000, 4000, 2000)), "chaos",
         shard_size=50, max_attempts=8, base_delay_s=0.2, multiplier=2.0,
     )  # fmt: skip
@@ -469,7 +471,7 @@ async def test_12_transient_and_permanent_engine_errors(stack: Settings, spawn, 
 async def test_13_router_killed_and_restarted(stack: Settings, group: Group, tmp_path: Path) -> None:
     await group.start(stack)
     sc = await scenario("13 router killed and restarted", stack, group)
-    await sc.submit_spread(tmp_path, group.name, sizes(), "router")
+    await sc.submit_many(tmp_path, group.name, sizes(), "router")
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     kill("router")
@@ -478,3 +480,40 @@ async def test_13_router_killed_and_restarted(stack: Settings, group: Group, tmp
     sc.fault_ends()
     await sc.restart_stack("--workers", "1")
     verdict(await sc.judge(DEADLINE_S))
+
+
+async def test_16_kill_9_router_aggregator_and_worker_in_one_spread_run(
+    stack: Settings, group: Group, tmp_path: Path
+) -> None:
+    """One big run spread over three workers, two routers and two aggregators; one of each
+    killed with SIGKILL in the middle of it."""
+    await group.start(stack, 3)
+    sc = await scenario("16 kill -9 router, aggregator and worker in one spread run", stack, group)
+    [run] = await sc.submit_many(tmp_path, group.name, [scaled(6000, 1500)], "spread")
+    await sc.in_flight(at_least_rows=50)
+    await sc.fault_begins()
+    kill("router-1")
+    kill("aggregator-1")
+    group.workers[0].signal(signal.SIGKILL)
+    await pid_gone("router-1")
+    await pid_gone("aggregator-1")
+    await sc.assert_in_flight()
+    sc.fault_ends()
+    await sc.restart_stack()  # the dead router and aggregator come back, as a supervisor would
+    result = await sc.judge(DEADLINE_S)
+    verdict(result)
+    # the run was spread: three workers answered it, on every partition of eval.results
+    served = {
+        r.worker_id
+        for record in await read_records(topics.RESULTS, sc.offsets[topics.RESULTS])
+        if (r := _result_of(record.value)) is not None and r.run_id == run.run_id
+    }
+    assert len(served) >= 3, served
+    assert len(result.extra["result_partitions"]) == len(await end_offsets(topics.RESULTS))
+
+
+def _result_of(value: bytes | None) -> ShardResult | None:
+    try:
+        return decode(value or b"", ShardResult)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None

@@ -115,7 +115,14 @@ def test_parquet_duplicates_gaps_strays_and_disagreements() -> None:
 def test_report_totals_are_checked_against_the_rows() -> None:
     v = check(clean(reports={"s3": {"recorded": 12, "succeeded": 11, "failed": 1}}))
     assert v.duplicated == ["report (s3) recorded 12 > rows 10", "report (s3) succeeded 11 > rows 9"]
-    v = check(clean(reports={"summary": {"recorded": 10, "succeeded": 9}}))
+    v = check(
+        clean(
+            reports={
+                "s3": {"recorded": 10, "succeeded": 9, "failed": 1},
+                "summary": {"recorded": 10, "succeeded": 9},
+            }
+        )
+    )
     assert v.diverged == ["report (summary) failed missing (rows: 1)"]
 
 
@@ -142,14 +149,17 @@ def test_rows_of_items_not_in_the_dataset_are_flagged() -> None:
     assert v.unexpected == ["x"] and not v.ok
 
 
-def test_run_ids_spread_over_partitions_as_kafka_places_them() -> None:
-    from tests.faults.harness import RUN_PARTITIONS, partition_of, spread_run_ids
-
-    # the Java client's murmur2 partitioner, which aiokafka's default reproduces
-    assert partition_of("abc", 6) == (479470107 & 0x7FFFFFFF) % 6
-    ids = spread_run_ids("x", 4)
-    assert len({partition_of(r) for r in ids}) == 4
-    assert all(0 <= partition_of(r) < RUN_PARTITIONS for r in ids)
+def test_a_completed_run_without_a_readable_report_is_flagged() -> None:
+    h = clean()
+    assert h.status == "completed" and check(h).ok
+    missing = check(dataclasses.replace(h, reports={}))
+    assert missing.diverged == ["report (s3) missing", "report (summary) missing"] and not missing.ok
+    only_summary = check(dataclasses.replace(h, reports={"summary": h.reports["summary"]}))
+    assert only_summary.diverged == ["report (s3) missing"]
+    unreadable = {**h.reports, "s3": {"unreadable": "JSONDecodeError: Expecting value"}}
+    assert check(dataclasses.replace(h, reports=unreadable)).diverged == [
+        "report (s3) unreadable: JSONDecodeError: Expecting value"
+    ]
 
 
 def test_recovery_counts_only_items_not_in_flight_at_the_fault() -> None:

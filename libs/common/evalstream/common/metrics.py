@@ -157,6 +157,11 @@ ROUTER_BACKPRESSURE = Gauge(
     "evalstream_router_backpressure_waiting",
     "Router consumers holding a shard because every eligible group is saturated",
 )
+ROUTER_LAG_READS = Counter(
+    "evalstream_router_lag_reads_total",
+    "Consumer-lag reads of a worker group by the router",
+    ["worker_group"],
+)
 ROUTER_GROUP_OUTSTANDING = Gauge(
     "evalstream_router_group_outstanding_shards",
     "Shards routed to a group and not yet committed by it (measured lag + routed since)",

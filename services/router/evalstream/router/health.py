@@ -39,7 +39,12 @@ from evalstream.common import topics
 from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import LagReader
 from evalstream.common.messages import Shard, decode
-from evalstream.common.metrics import CONSUMER_LAG, ROUTER_GROUP_HEALTHY, ROUTER_GROUP_OUTSTANDING
+from evalstream.common.metrics import (
+    CONSUMER_LAG,
+    ROUTER_GROUP_HEALTHY,
+    ROUTER_GROUP_OUTSTANDING,
+    ROUTER_LAG_READS,
+)
 from evalstream.common.settings import KafkaSettings
 from evalstream.router.fleet import Group
 from evalstream.router.routing import Router
@@ -85,6 +90,7 @@ class LagMonitor:
                 await self._reset_reader()  # next round on fresh connections (a restarted broker)
                 return
         group.record_lag(sum(lag.values()), routed_at_read, time.time())
+        ROUTER_LAG_READS.labels(worker_group=group.name).inc()
         for partition, value in lag.items():
             CONSUMER_LAG.labels(group=cgroup, topic=topic, partition=str(partition)).set(value)
 
