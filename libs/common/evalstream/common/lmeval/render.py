@@ -348,6 +348,8 @@ class TaskRenderer:
             try:
                 items.append(self.item(doc_id, doc))
             except TaskDataError as exc:
+                if exc.key == "num_fewshot":  # the task's, not the document's
+                    raise
                 exc.where = exc.where or f"document {doc_id}"
                 problems.append(str(exc))
                 if len(problems) >= MAX_PROBLEMS:
