@@ -82,16 +82,49 @@ def stack(*args: str, env: Mapping[str, str] | None = None, quiet: bool = True) 
         )
 
 
-def ensure_up(worker_env: Mapping[str, str] | None = None, workers: int = 1) -> None:
-    """Brings the bench stack up. With `worker_env`, (re)starts the worker with it; without,
-    a worker left with other settings by an earlier benchmark is restarted with the
-    defaults."""
+def ensure_up(
+    worker_env: Mapping[str, str] | None = None, workers: int = 1, routers: int = 1, aggregators: int = 1
+) -> None:
+    """Brings the bench stack up with `workers` workers, `routers` routers and `aggregators`
+    aggregators (beyond those, running ones are stopped). With `worker_env`, (re)starts the
+    workers with it; without, workers left with other settings by an earlier benchmark are
+    restarted with the defaults."""
     want = dict(worker_env or {})
     if worker_env_now() != want:
-        for i in range(workers):
-            stack("stop", f"worker-{i}")
-    stack("up", "--workers", str(workers), env=want)
+        for p in sorted((stack_dir() / "run").glob("worker-*.pid")):
+            stack("stop", p.stem)
+    shape = {"workers": workers, "routers": routers, "aggregators": aggregators}
+    stack("up", *_shape_args(shape), env=want)
     set_worker_env(want)
+    _shape_marker().write_text(json.dumps(shape))
+
+
+def _shape_marker() -> Path:
+    return stack_dir() / "run" / "bench-shape.json"
+
+
+def _shape_args(shape: Mapping[str, int]) -> list[str]:
+    return [a for kind, n in shape.items() for a in (f"--{kind}", str(n))]
+
+
+def shape_now() -> dict[str, int]:
+    """The topology ensure_up last brought up (1 of each: the default)."""
+    marker = _shape_marker()
+    return (
+        dict(json.loads(marker.read_text()))
+        if marker.exists()
+        else {"workers": 1, "routers": 1, "aggregators": 1}
+    )
+
+
+def topology(workers: int = 1, routers: int = 1, aggregators: int = 1) -> list[str]:
+    """The service processes' names of that topology (as their pid files name them)."""
+    return [
+        "producer",
+        *(["router"] + [f"router-{i}" for i in range(1, routers)]),
+        *(f"worker-{i}" for i in range(workers)),
+        *(["aggregator"] + [f"aggregator-{i}" for i in range(1, aggregators)]),
+    ]
 
 
 def _worker_marker() -> Path:
@@ -122,13 +155,19 @@ def restart(names: Sequence[str], env: Mapping[str, str] | None = None) -> None:
     `env` applies to what is restarted; the worker keeps the settings ensure_up gave it."""
     for name in names:
         stack("stop", name)
-    stack("up", env={**worker_env_now(), **(env or {})})
+    stack("up", *_shape_args(shape_now()), env={**worker_env_now(), **(env or {})})
+
+
+REPLICA_PORT_BASE = {"router": 8120, "aggregator": 8130}  # as ops/local/localstack/prometheus.py
 
 
 def service_port(name: str) -> int:
-    base = name.split("-")[0]
-    index = int(name.split("-")[1]) if name.startswith("worker-") else 0
-    return SERVICE_PORTS[base] + index + offset()
+    base, _, index = name.partition("-")
+    if base == "worker":
+        return SERVICE_PORTS[base] + int(index) + offset()
+    if index:  # router-1, aggregator-2, ...
+        return REPLICA_PORT_BASE[base] + int(index) + offset()
+    return SERVICE_PORTS[base] + offset()
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:

@@ -75,19 +75,20 @@ def process_start_epoch(pid: int) -> float:
     return boot_time() + int(rest[19]) / CLK_TCK
 
 
-def wait_pipeline_ready(timeout: float = 120) -> float:
-    """Seconds until the worker is ready and the router counts it live."""
+def wait_pipeline_ready(timeout: float = 120, workers: int = 1) -> float:
+    """Seconds until the `workers` workers are ready and the router counts them live."""
     t0 = time.monotonic()
-    wait_http(f"http://127.0.0.1:{service_port('worker-0')}/readyz", timeout)
+    for i in range(workers):
+        wait_http(f"http://127.0.0.1:{service_port(f'worker-{i}')}/readyz", timeout)
     while time.monotonic() - t0 < timeout:
         with contextlib.suppress(OSError, urllib.error.URLError):
             if (
                 metric_sum(metrics("router"), "evalstream_router_group_live_members", worker_group="default")
-                >= 1
+                >= workers
             ):
                 return time.monotonic() - t0
         time.sleep(0.2)
-    raise TimeoutError("the router never saw a live worker")
+    raise TimeoutError(f"the router never saw {workers} live workers")
 
 
 class Budget:

@@ -93,7 +93,7 @@ def browser_loads(url: str, repeats: int) -> dict[str, Any] | None:
     times, rows = [], 0
     with tempfile.TemporaryDirectory() as tmp, Chromium(Path(tmp)) as browser:
         for _ in range(repeats + 1):
-            page = browser.open(url, settle_s=0.05)
+            page = browser.open(url)
             timing = json.loads(
                 page.evaluate("JSON.stringify(performance.getEntriesByType('navigation')[0].toJSON())")
             )

@@ -27,6 +27,7 @@ BENCHMARKS = [
     "engine_efficiency",
     "against_lmeval",
     "pipeline_ceiling",
+    "spread_scaling",
     "cache",
     "worker_start",
     "batching",

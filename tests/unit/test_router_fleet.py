@@ -189,3 +189,16 @@ def test_evalctl_workers_row_judges_groups_as_the_router_does() -> None:
     assert (b["health"], b["lag"], b["saturated"], b["p95_ms"]) == ("dead", 0, None, None)
     gone = worker_group_row([beat("c", "c-1", status="stopped")], {}, NOW, timeout_s=10, max_lag=2)
     assert (gone["health"], gone["members"]) == ("dead", [])
+
+
+def test_evalctl_workers_says_when_members_wait_for_lack_of_partitions() -> None:
+    from evalstream.cli.workers import worker_group_row
+
+    beats = [beat("a", f"a-{i}", ts=NOW - 1) for i in range(8)]
+    six = {p: 0 for p in range(6)}
+    row = worker_group_row(beats, six, NOW, timeout_s=10, max_lag=2)
+    assert (row["partitions"], row["idle_members"]) == (6, 2)
+    assert worker_group_row(beats[:6], six, NOW, timeout_s=10, max_lag=2)["idle_members"] == 0
+    # stale members are not counted as idle: they do nothing anyway
+    stale = [*beats[:6], beat("a", "a-9", ts=NOW - 60)]
+    assert worker_group_row(stale, six, NOW, timeout_s=10, max_lag=2)["idle_members"] == 0

@@ -33,6 +33,7 @@ def worker_group_row(
     members = sorted((hb for hb in beats if hb.status != "stopped"), key=lambda hb: hb.worker_id)
     live = fleet.live_members(members, now, timeout_s)
     total_lag = sum(lag.values())
+    partitions = len(lag)  # of the group's work topic: one member works each, at most
     return {
         "group": beats[0].group,
         "model": max(beats, key=lambda hb: hb.ts).model,
@@ -51,6 +52,9 @@ def worker_group_row(
             }
             for hb in members
         ],
+        "partitions": partitions,
+        # a consumer group gives each partition to one member: the rest wait, idle
+        "idle_members": max(0, len(live) - partitions) if partitions else 0,
         "lag": total_lag,
         "lag_by_partition": {str(p): n for p, n in sorted(lag.items())},
         "saturated": total_lag >= max_lag * len(live) if live else None,
@@ -96,6 +100,11 @@ async def cmd_workers(args: argparse.Namespace, settings: Settings) -> None:
             f"{r['group']:<24} {r['model'][:36]:<36} {r['health']:<8} {r['healthy']:>2}/{len(r['members']):<2} "
             f"{r['lag']:>6} {full:>4} {pct(r['gpu_utilization']):>5} {pct(r['gpu_memory_pressure']):>5} {p95:>8}"
         )
+        if r["idle_members"]:
+            print(
+                f"    {r['idle_members']} of {r['healthy']} live members idle: {topics.work_topic(r['group'])} has "
+                f"{r['partitions']} partitions (raise KAFKA_PARTITIONS_WORK and run bootstrap)"
+            )
         for m in r["members"]:
             util = m["gpu_utilization"] if m["gpu_utilization"] is not None else m["cpu_utilization"]
             print(

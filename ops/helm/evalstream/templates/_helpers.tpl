@@ -60,6 +60,12 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 - name: KAFKA_TOPIC_PREFIX
   value: {{ $kafka.topicPrefix | quote }}
 {{- end }}
+- name: KAFKA_PARTITIONS_WORK
+  value: {{ $kafka.workPartitions | quote }}
+{{- range $topic := list "jobs" "shards" "results" "retry" "dlq" }}
+- name: KAFKA_PARTITIONS_{{ upper $topic }}
+  value: {{ get $kafka.partitions $topic | quote }}
+{{- end }}
 {{- if $kafka.sasl.enabled }}
 {{- $user := required (printf "kafka.sasl.users.%s is required when kafka.sasl.enabled" .principal) (get $kafka.sasl.users .principal) }}
 - name: KAFKA_SECURITY_PROTOCOL
