@@ -26,6 +26,7 @@ from bench import benchstack, paths, pure, recording
 BENCHMARKS = [
     "engine_efficiency",
     "against_lmeval",
+    "against_lmeval_mc",
     "pipeline_ceiling",
     "spread_scaling",
     "cache",

@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from evalstream.common.jsonlimits import shape_problem
 from evalstream.common.specs import DEFAULT_MODEL
 
 SCHEMA_VERSION = 1
@@ -288,8 +289,14 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
-def decode(data: bytes | str, kind: type[T]) -> T:
-    """Decodes `data` as `kind`; raises msgspec.ValidationError / DecodeError on bad input."""
+MAX_MESSAGE_BYTES = 1024 * 1024  # Kafka's default message.max.bytes: nothing larger is ours
+
+
+def decode(data: bytes | str, kind: type[T], max_bytes: int = MAX_MESSAGE_BYTES) -> T:
+    """Decodes `data` as `kind`; raises msgspec.ValidationError / DecodeError on bad input,
+    including input too large or nested too deep to parse (checked before parsing)."""
+    if problem := shape_problem(data, max_bytes):
+        raise msgspec.DecodeError(f"not decoded: {problem}")
     decoder = _decoders.get(kind)
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
