@@ -25,13 +25,15 @@ from typing import Any
 
 import msgspec
 
+from evalstream.common.jsonlimits import has_nul, shape_problem
 from evalstream.common.messages import SCHEMA_VERSION, DeadLetterHeaders, JobSpec, Shard, ShardResult
+from evalstream.common.names import is_plain_name
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
-# What a rejected job's run may be called when the job names its own run_id: anything else
-# gets the id derived from the message's place in Kafka.
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_PROBLEMS = 50  # a job with thousands of unknown fields is reported by its first ones
+# A job envelope is at most 64 KiB (intake_limits.MAX_JOB_BYTES); a message far beyond that
+# is not parsed at all.
+MAX_JOB_MESSAGE_BYTES = 256 * 1024
 
 
 class PublicTopic(msgspec.Struct, frozen=True):
@@ -167,13 +169,20 @@ def decode_job(raw: bytes) -> JobSpec:
     """The job in `raw`, checked against the closed job contract.
 
     Raises msgspec.DecodeError when `raw` is not a JSON object at all (garbage: a dead
-    letter), JobRejected when it is an object but not a valid job (a rejected run)."""
+    letter), JobRejected when it is an object but not a valid job (a rejected run). Bytes
+    too large or too deeply nested to parse are garbage too (jsonlimits: checked first)."""
+    if problem := shape_problem(raw, MAX_JOB_MESSAGE_BYTES):
+        raise msgspec.DecodeError(f"not decoded: {problem}")
     obj = msgspec.json.decode(raw)
     if not isinstance(obj, dict):
         raise msgspec.DecodeError(f"a job is a JSON object, got {type(obj).__name__}")
     named = obj.get("run_id")
-    run_id = named if isinstance(named, str) and RUN_ID_PATTERN.fullmatch(named) else None
+    # a rejected job's run keeps the job's own run_id only when that is a plain name (names.py);
+    # else it is named after the message's place in Kafka
+    run_id = named if isinstance(named, str) and is_plain_name(named) else None
     problems = unknown_fields(obj, JobSpec)
+    if has_nul(raw):  # PostgreSQL stores no NUL: the run is rejected, its record cleaned of them
+        problems.insert(0, ("job", "a field or key holds a NUL character (\\u0000)"))
     version = obj.get("schema_version", SCHEMA_VERSION)
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         problems.append(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -24,27 +23,17 @@ from minio.error import S3Error
 
 from evalstream.common import storage
 from evalstream.common.messages import JobSpec, encode
+from evalstream.common.names import plain_name_problem
 from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import ProducerSettings
 
 MAX_JOB_BYTES = 64 * 1024  # prompt template, system prompt, specs, name: far less in practice
 SHARD_OVERHEAD_BYTES = 2048  # a shard's own fields beside the job's and its items
 MAX_NAME_CHARS = 200  # a run's display name
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # as contract.RUN_ID_PATTERN
 
 
 class DatasetSourceError(ValueError):
     """The job's dataset cannot be read from where it says: the message says why."""
-
-
-def plain_name_problem(value: str, what: str) -> str | None:
-    """Why `value` is no plain name (it becomes part of an S3 key or a topic name), or None."""
-    if not _PLAIN_NAME.fullmatch(value) or ".." in value:
-        return (
-            f"{what} {value[:80]!r} must be 1-128 characters of A-Z a-z 0-9 . _ -"
-            " (the first a letter or digit), without '..'"
-        )
-    return None
 
 
 def job_limit_problems(job: JobSpec) -> list[tuple[str, str]]:

@@ -115,7 +115,8 @@ def decode_cursor(cursor: str | None, arity: int) -> list[Any] | None:
         and len(key) == arity
         and isinstance(key[0], int)
         and not isinstance(key[0], bool)
-        and all(isinstance(k, str) for k in key[1:])
+        and -(2**31) <= key[0] < 2**31  # a rank the database's integers hold
+        and all(isinstance(k, str) and "\x00" not in k for k in key[1:])
     ):
         raise ValueError("bad cursor")
     return key

@@ -7,6 +7,8 @@ import hashlib
 import json
 from typing import Any
 
+from evalstream.common.names import plain_name
+
 
 def _sha(*parts: str) -> str:
     h = hashlib.sha256()
@@ -49,6 +51,12 @@ def score_cache_key(*, model: str, model_revision: str, kind: str, context: str,
     return _sha("score", kind, model, model_revision, canonical_json([context, continuation]))
 
 
+def run_object_name(run_id: str, name: str) -> str:
+    """The S3 name of one of a run's objects (`runs/<run>/<name>`); ValueError for a run id
+    that is no plain name (names.py), whatever let it through before."""
+    return f"runs/{plain_name(run_id, 'run id')}/{name}"
+
+
 def segment_object_name(run_id: str, segment: int) -> str:
     """Deterministic S3 name of a segment of a run's results (rewriting it is idempotent)."""
-    return f"runs/{run_id}/results/part-{segment:06d}.parquet"
+    return run_object_name(run_id, f"results/part-{segment:06d}.parquet")

@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from evalstream.common import items, items_html
+from evalstream.common import items, items_html, keys
 from evalstream.common.reports import summarise
 
 # Latency histogram edges in ms: the Prometheus buckets (10 ms .. 60 s) and a few below, so
@@ -37,7 +37,7 @@ Z95 = 1.959964
 
 def object_name(run_id: str) -> str:
     """Where the page is kept in the results bucket (beside report.json)."""
-    return f"runs/{run_id}/report.html"
+    return keys.run_object_name(run_id, "report.html")
 
 
 @dataclass

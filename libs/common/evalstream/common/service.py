@@ -287,11 +287,14 @@ async def decode_or_dead_letter(
 ) -> M | None:
     """The record's body as a `kind` (read by `decoder`, default: msgspec's), or None once it
     is on eval.dlq: an undecodable message (poison) is recorded and skipped, never allowed to
-    stop its partition. Other exceptions of `decoder` propagate."""
+    stop its partition. Exceptions of `decoder` that are not about the bytes (JobRejected:
+    a valid object that is no valid job) propagate."""
     raw = record.value or b""
     try:
         return decoder(raw) if decoder is not None else decode(raw, kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError) as exc:
+        # anything the bytes make decoding raise is the message's problem (msgspec checks the
+        # size and nesting first: messages.decode); a JobRejected is the decoder's answer
         logging.getLogger("evalstream").warning(
             "undecodable %s at %s[%d]@%d dead-lettered: %s",
             getattr(kind, "__name__", kind),  # a union of messages has no name

@@ -114,6 +114,9 @@ class ServiceSettings(KafkaSettings, TelemetrySettings):
     http_host: str = "127.0.0.1"
     http_port: int = 0
     log_level: str = "INFO"
+    # A message whose handler fails this many times (not counting failures during an outage
+    # of the service's dependencies) is dead-lettered instead of handled again (poison.py).
+    consumer_max_failures: int = 3
 
 
 @dataclass(frozen=True)

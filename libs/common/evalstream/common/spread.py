@@ -27,7 +27,7 @@ from typing import Protocol
 
 from aiokafka.partitioner import murmur2
 
-SEPARATOR = "#"  # never in a run id (intake_limits.plain_name_problem: [A-Za-z0-9._-])
+SEPARATOR = "#"  # never in a run id (names.py: [A-Za-z0-9._-])
 
 
 class _ShardLike(Protocol):

@@ -19,6 +19,7 @@ from evalstream.common.messages import ItemResult, Shard, decode
 from evalstream.common.service import Record, dead_letter, dead_letter_headers
 
 log = logging.getLogger("evalstream.aggregator")
+MAX_HEADERS = 64  # kept of a dead letter (ours carry 9; a hostile one may carry thousands)
 
 
 def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord], list[Sourced]]:
@@ -26,7 +27,11 @@ def read_dead_letters(records: Sequence[Record]) -> tuple[list[DeadLetterRecord]
     letters: list[DeadLetterRecord] = []
     failures: list[Sourced] = []
     for record in records:
-        headers = {k: (v or b"").decode(errors="replace") for k, v in record.headers}
+        # PostgreSQL's jsonb and text store no NUL: a header with one keeps U+FFFD instead
+        headers = {
+            k.replace("\x00", "\ufffd"): (v or b"").decode(errors="replace").replace("\x00", "\ufffd")
+            for k, v in record.headers[:MAX_HEADERS]
+        }
         shard: Shard | None = None
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
             shard = decode(record.value or b"", Shard)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from minio import Minio
 
 from evalstream.common import storage
-from evalstream.common.keys import segment_object_name
+from evalstream.common.keys import run_object_name, segment_object_name
 from evalstream.common.results import RESULT_COLUMNS, arrow_schema
 
 SCHEMA = arrow_schema(RESULT_COLUMNS)  # S3 mirrors PostgreSQL column for column
@@ -50,7 +50,7 @@ def write_segment(s3: Minio, bucket: str, run_id: str, segment: int, rows: list[
 
 
 def write_report(s3: Minio, bucket: str, run_id: str, summary: dict[str, Any]) -> str:
-    name = f"runs/{run_id}/report.json"
+    name = run_object_name(run_id, "report.json")
     storage.put_bytes(
         s3, bucket, name, json.dumps(summary, indent=2, sort_keys=True).encode(), "application/json"
     )

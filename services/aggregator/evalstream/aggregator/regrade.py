@@ -44,12 +44,12 @@ from evalstream.common.messages import (
     Shard,
     StoredAnswer,
 )
+from evalstream.common.names import plain_name_problem
 from evalstream.common.regrading import StoredCopyError, regraded_manifest, run_items
 
 log = logging.getLogger("evalstream.aggregator.regrade")
 
 Publish = Callable[[Shard], Awaitable[None]]
-MAX_RUN_ID = 128
 MAX_PROBLEMS = 50  # of a rejected regrade, listed in runs.problems
 
 
@@ -134,8 +134,10 @@ def plan(
 def request_problems(request: Regrade, original: Mapping[str, Any] | None) -> list[str]:
     """What is wrong with the request before any item is read."""
     out = []
-    if not request.new_run_id or len(request.new_run_id) > MAX_RUN_ID or request.new_run_id == request.run_id:
-        out.append(f"new_run_id must be a new run id of 1..{MAX_RUN_ID} characters")
+    if problem := plain_name_problem(request.new_run_id, "new_run_id"):
+        out.append(problem)
+    elif request.new_run_id == request.run_id:
+        out.append("new_run_id must be a new run id")
     if original is None:
         out.append(f"no run {request.run_id!r}")
     elif original["status"] != "completed" or original["manifest"] is None:
@@ -227,7 +229,7 @@ async def regrade_run(
 
 async def reject(store: ResultStore, request: Regrade, problems: list[str]) -> None:
     log.warning("regrade %s of %s rejected: %s", request.new_run_id, request.run_id, problems[:3])
-    if not request.new_run_id or len(request.new_run_id) > MAX_RUN_ID or request.new_run_id == request.run_id:
+    if plain_name_problem(request.new_run_id, "new_run_id") or request.new_run_id == request.run_id:
         return  # no run of its own to leave the problems on
     shown = problems[:MAX_PROBLEMS]
     if len(problems) > MAX_PROBLEMS:

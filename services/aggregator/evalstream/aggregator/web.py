@@ -30,6 +30,7 @@ from evalstream.common.reports import summarise
 
 log = logging.getLogger("evalstream.aggregator.web")
 MAX_PATH_CHARS = 2_000
+MAX_QUERY_FIELDS = 20
 
 PoolGetter = Callable[[], asyncpg.Pool]
 Route = Callable[[Any, Any, Any], Any]
@@ -60,7 +61,13 @@ def _query(scope: Any) -> dict[str, str]:
     raw = scope.get("query_string", b"").decode("latin-1")
     if len(raw) > MAX_PATH_CHARS:
         raise HttpError(400, "query string too long")
-    return dict(urllib.parse.parse_qsl(raw, keep_blank_values=True, max_num_fields=20))
+    try:
+        params = dict(urllib.parse.parse_qsl(raw, keep_blank_values=True, max_num_fields=MAX_QUERY_FIELDS))
+    except ValueError as exc:  # more fields than that
+        raise HttpError(400, f"at most {MAX_QUERY_FIELDS} query fields") from exc
+    if any("\x00" in k or "\x00" in v for k, v in params.items()):
+        raise HttpError(400, "a query field holds a NUL character")
+    return params
 
 
 # The aggregates of a completed run's report (summary, histograms, timeline, failures) read
@@ -183,6 +190,8 @@ def routes(pool: PoolGetter) -> Sequence[tuple[str, Route]]:
             response = _error(exc.status, str(exc))
         except KeyError as exc:
             response = _error(404, f"no such run or item: {exc.args[0] if exc.args else ''}")
+        except (ValueError, asyncpg.DataError) as exc:  # the request's values, not the service
+            response = _error(400, f"bad request: {str(exc)[:200]}")
         except (TimeoutError, asyncpg.PostgresError, OSError) as exc:
             log.warning("page %s failed: %s", scope["path"][:200], exc)
             response = _error(503, "the database did not answer in time; try again")

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import msgspec
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 
-from evalstream.common import db, intake_limits, keys, service, storage, topics
+from evalstream.common import db, keys, service, storage, topics
 from evalstream.common.contract import JobRejected, decode_job
 from evalstream.common.messages import JobSpec
 from evalstream.common.metrics import RUNS
+from evalstream.common.names import plain_name_problem
+from evalstream.common.poison import PoisonGuard, broker_probe, bucket_probe, database_probe
 from evalstream.common.settings import ProducerSettings
 from evalstream.producer.intake import Intake
 
@@ -30,7 +32,16 @@ intake = service.Started[Intake]()
 )
 @service.backoff_on_error(2.0)
 async def on_job(msg: KafkaMessage) -> None:
-    record = service.record_of(msg)
+    # a job that keeps failing (not during an outage) is dead-lettered: poison.py
+    await guard.run([service.record_of(msg)], take_jobs)
+
+
+async def take_jobs(records: Sequence[service.Record]) -> None:
+    for record in records:
+        await take_job(record)
+
+
+async def take_job(record: service.Record) -> None:
     derived_id = keys.run_id_for_message(record.topic, record.partition, record.offset)
     try:
         job = await service.decode_or_dead_letter(broker, record, JobSpec, decode_job)
@@ -42,7 +53,7 @@ async def on_job(msg: KafkaMessage) -> None:
     if job is None:  # garbage on eval.jobs never stops the producer: it is a dead letter
         RUNS.labels(outcome="undecodable").inc()
         return
-    if job.run_id is not None and (problem := intake_limits.plain_name_problem(job.run_id, "run_id")):
+    if job.run_id is not None and (problem := plain_name_problem(job.run_id, "run_id")):
         # an id that would become S3 keys: the run is recorded under one derived from the message
         rejected = JobRejected([("run_id", problem)], None, msgspec.to_builtins(job))
         RUNS.labels(outcome=await intake.get().reject_undecodable(derived_id, rejected)).inc()
@@ -53,6 +64,18 @@ async def on_job(msg: KafkaMessage) -> None:
 
     outcome = await intake.get().handle(job, job.run_id or derived_id, publish)
     RUNS.labels(outcome=outcome).inc()
+
+
+guard = PoisonGuard(
+    broker,
+    "producer",
+    limit=settings.consumer_max_failures,
+    probes=[
+        database_probe(lambda: intake.get().pool),
+        bucket_probe(lambda: intake.get().s3, settings.s3_bucket_datasets),
+        broker_probe(broker),
+    ],
+)
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ import asyncpg
 import msgspec
 from minio import Minio
 
-from evalstream.common import intake_limits, storage
+from evalstream.common import intake_limits, keys, storage
 from evalstream.common.contract import JobRejected
 from evalstream.common.datasets import DatasetError, DatasetScan, Problem, scan_dataset
 from evalstream.common.jobs import job_problems
@@ -41,9 +41,11 @@ class Rejection:
     problems: list[Problem]
 
     def as_json(self) -> str:
+        """For runs.problems (jsonb, which stores no NUL: a field named with one is reported
+        with U+FFFD instead)."""
         return json.dumps(
             [msgspec.to_builtins(p) if isinstance(p, msgspec.Struct) else p.__dict__ for p in self.problems]
-        )
+        ).replace("\\u0000", "\\ufffd")
 
 
 @dataclass
@@ -155,7 +157,7 @@ class Intake:
 
         def text(key: str) -> str:
             value = rejected.job.get(key)
-            return value if isinstance(value, str) else ""
+            return value.replace("\x00", "\ufffd") if isinstance(value, str) else ""
 
         spec = msgspec.json.encode(rejected.job).decode()
         if "\\u0000" in spec:  # PostgreSQL's jsonb refuses NUL: keep the job as text
@@ -234,5 +236,9 @@ class Intake:
     def _store_manifest(self, run_id: str, manifest: dict[str, object]) -> None:
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()
         storage.put_bytes(
-            self.s3, self.settings.s3_bucket_results, f"runs/{run_id}/manifest.json", body, "application/json"
+            self.s3,
+            self.settings.s3_bucket_results,
+            keys.run_object_name(run_id, "manifest.json"),
+            body,
+            "application/json",
         )

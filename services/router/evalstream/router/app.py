@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +37,9 @@ from faststream.kafka.annotations import KafkaMessage
 from evalstream.common import service, topics
 from evalstream.common.messages import Heartbeat, Shard
 from evalstream.common.metrics import SHARDS
+from evalstream.common.poison import PoisonGuard, broker_probe
 from evalstream.common.settings import RouterSettings
-from evalstream.router.dispatch import Dispatcher
+from evalstream.router.dispatch import Dispatcher, ShuttingDown
 from evalstream.router.health import LagMonitor, RescueManager
 from evalstream.router.parking import ParkingPolicy
 from evalstream.router.routing import Router, RouterConfig
@@ -83,9 +84,9 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
         if consumer is not None:
             await consumer.commit({tp: o for tp, o in offsets.items() if tp in consumer.assignment()})
 
-    async def route(msg: KafkaMessage) -> None:
+    async def route_records(records: Sequence[service.Record]) -> None:
         shards: list[tuple[Shard, service.Record]] = []
-        for record in service.records_of(msg):
+        for record in records:
             shard = await service.decode_or_dead_letter(broker, record, Shard)
             if shard is None:
                 SHARDS.labels(service="router", outcome="undecodable").inc()
@@ -93,7 +94,21 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
                 shards.append((shard, record))
         await dispatcher.route_batch(shards, assigned, commit)
 
+    async def route(msg: KafkaMessage) -> None:
+        await guard.run(service.records_of(msg), route_records)
+
     return route
+
+
+# A shard that keeps failing its routing (not while the broker is away, not at a shutdown)
+# is dead-lettered after CONSUMER_MAX_FAILURES failures (poison.py).
+guard = PoisonGuard(
+    broker,
+    "router",
+    limit=settings.consumer_max_failures,
+    probes=[broker_probe(broker)],
+    never_counted=(ShuttingDown,),
+)
 
 
 def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Literal
 import msgspec
 
 from evalstream.common.datasets.problems import Report, type_name
+from evalstream.common.jsonlimits import shape_problem
 
 Format = Literal["jsonl", "parquet", "csv", "humaneval"]
 Records = Iterator[tuple[int, dict[str, Any]]]
@@ -30,6 +31,7 @@ CSV_JSON_COLUMNS = frozenset({"messages", "choices", "meta"})
 HUMANEVAL_REQUIRED = ("task_id", "prompt", "entry_point", "test")
 _INPUT_FIELDS = ("question", "prompt", "messages")
 _BOM = b"\xef\xbb\xbf"
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one record; an item must also fit a Kafka message (scan.py)
 
 
 class Invalid:
@@ -116,6 +118,9 @@ def _jsonl_records(stream: BinaryIO, report: Report) -> Records:
             bad = raw[exc.start : exc.start + 1].hex()
             report.problem(lineno, None, f"not valid UTF-8 (byte 0x{bad} at column {exc.start + 1})")
             continue
+        if problem := shape_problem(raw, MAX_LINE_BYTES):
+            report.problem(lineno, None, f"not read: {problem}")
+            continue
         try:
             value = decode(text)
         except msgspec.DecodeError as exc:
@@ -198,6 +203,8 @@ def _csv_records(reader: Any, columns: list[str], report: Report) -> Records:
                 continue  # CSV cannot tell an empty cell from a missing value
             if name in CSV_JSON_COLUMNS:
                 try:
+                    if problem := shape_problem(cell, MAX_LINE_BYTES):
+                        raise msgspec.DecodeError(problem)
                     record[name] = msgspec.json.decode(cell)
                 except msgspec.DecodeError as exc:
                     report.problem(start, name, f'"{name}" must be JSON in a CSV cell: {exc}')
@@ -232,6 +239,8 @@ def _parquet(stream: BinaryIO, report: Report) -> Opened | None:
                 for row in batch.to_pylist():
                     index += 1
                     yield index, {k: v for k, v in row.items() if v is not None}
+        except RecursionError:
+            report.problem(index + 1, None, "a value nested too deeply to read")
         except Exception as exc:
             report.problem(None, None, f"not a readable Parquet file: {exc}")
 
