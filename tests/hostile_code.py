@@ -28,6 +28,47 @@ _REPLAY = (
     "        print('\\n' + n.decode(), flush=True)\n    os._exit(0)\n"
 )
 
+# Everything reachable from what the interpreter hands out without a refused call: gc.garbage
+# (DEBUG_SAVEALL, filled from gc.callbacks and by weakref callbacks firing during a
+# collection), tracebacks, every class's __subclasses__() and their dicts, sys.modules and
+# the modules' globals; every frame met is walked (f_back, f_locals, f_globals) and every
+# 32-hex string or bytes kept.
+_GRAPH_WALK = (
+    _SCAN
+    + "    import gc, sys, weakref\n    frames, seen, todo = [], set(), []\n"
+    + "    def keep(o):\n        if id(o) not in seen:\n            seen.add(id(o))\n            todo.append(o)\n"
+    + "    def cycle():\n        try:\n            raise KeyError\n        except KeyError as e:\n            err = e\n"
+    + "    class Box:\n        pass\n"
+    + "    box = Box()\n    box.me = box\n    box.exc = None\n"
+    + "    def fired(ref):\n        try:\n            raise OSError\n        except OSError as e:\n"
+    + "            todo.append(e)\n            cycle()\n"
+    + "    hold = weakref.ref(box, fired)\n    del box\n"
+    + "    gc.callbacks.append(lambda phase, info: todo.extend(gc.garbage))\n"
+    + "    gc.set_debug(gc.DEBUG_SAVEALL)\n    cycle()\n    gc.collect()\n    gc.collect()\n    gc.set_debug(0)\n"
+    + "    gc.callbacks.clear()\n    todo.extend(gc.garbage)\n    todo.extend(sys.modules.values())\n"
+    + "    todo.extend(object.__subclasses__())\n    todo.append(sys.exc_info())\n"
+    + "    budget = 200000\n"
+    + "    while todo and budget > 0:\n        budget -= 1\n        o = todo.pop()\n"
+    + "        kind = type(o).__name__\n"
+    + "        try:\n"
+    + "            if kind == 'frame':\n                frames.append(o)\n"
+    + "                scan(o.f_locals)\n                scan(o.f_globals)\n"
+    + "                for x in (o.f_back, *o.f_locals.values()):\n                    keep(x)\n"
+    + "            elif isinstance(o, (str, bytes)):\n                scan({0: o})\n"
+    + "            elif isinstance(o, dict):\n                scan(o)\n"
+    + "                for x in list(o.values()):\n                    keep(x)\n"
+    + "            elif isinstance(o, (list, tuple, set, frozenset)):\n"
+    + "                for x in list(o):\n                    keep(x)\n"
+    + "            elif isinstance(o, type):\n                keep(dict(vars(o)))\n"
+    + "                for x in type.__subclasses__(o):\n                    keep(x)\n"
+    + "            elif isinstance(o, BaseException):\n"
+    + "                keep(o.__traceback__)\n                keep(o.__context__)\n                keep(o.args)\n"
+    + "            elif kind == 'traceback':\n                keep(o.tb_next)\n"
+    + "            elif hasattr(o, '__dict__'):\n                keep(dict(vars(o)))\n"
+    + "        except Exception:\n            pass\n"
+    + "    print('frames', len(frames), 'found', len(found), flush=True)\n"
+)
+
 FORGERIES = {
     "marker-in-main-globals": _SCAN + "    import __main__\n    scan(vars(__main__))\n" + _REPLAY,
     "marker-by-getframe": _SCAN + "    import sys\n    f = sys._getframe()\n" + _WALK + _REPLAY,
@@ -74,6 +115,17 @@ FORGERIES = {
     "    spec = importlib.util.find_spec('_ctypes')\n    spec.name = Name('_ctypes')\n"
     "    return _imp.create_dynamic(spec).addressof\n",
     "marker-by-crafted-bytecode": "    f = lambda: 0\n    f.__code__ = f.__code__.replace(co_code=b'd\\xff' * 4)\n    return f()\n",
+    # frames the collector hands back, no refused gc function called: with DEBUG_SAVEALL, a
+    # collected cycle (an exception held by the frame it was raised in) lands in gc.garbage,
+    # frame included, and a dead frame's f_back leads to the frames that called it
+    "marker-by-gc-garbage-frames": _SCAN
+    + "    import gc\n    def cycle():\n        try:\n            raise ValueError\n"
+    + "        except ValueError as e:\n            err = e\n"
+    + "    gc.set_debug(gc.DEBUG_SAVEALL)\n    cycle()\n    gc.collect()\n    gc.set_debug(0)\n"
+    + "    for f in [o for o in gc.garbage if type(o).__name__ == 'frame']:\n"
+    + _WALK.replace("    ", "        ", 1).replace("\n    ", "\n        ")
+    + _REPLAY,
+    "marker-by-object-graph-walk": _GRAPH_WALK + _REPLAY,
 }
 
 CHEATS = {

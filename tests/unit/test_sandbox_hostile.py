@@ -110,6 +110,58 @@ class TestHostileCompletions:
         assert grade.detail is not None and grade.detail.startswith("bwrap: Can't mount proc")
 
 
+class TestUnforgeablePass:
+    """The verdict comes from a judge process that never runs candidate code; the candidate's
+    process holds no secret, so walking every object it can reach forges nothing."""
+
+    grade = staticmethod(code_exec(Limits(timeout_s=20.0, cpu_seconds=10)))
+
+    @pytest.mark.parametrize("name", ["marker-by-gc-garbage-frames", "marker-by-object-graph-walk"])
+    def test_frames_the_collector_hands_back_forge_nothing(self, name: str) -> None:
+        # both passed before: the nonce sat in a bootstrap frame reachable through f_back
+        assert self.grade(FORGERIES[name], ITEM).correct is False
+
+    def test_the_walk_reaches_frames_and_finds_no_secret(self) -> None:
+        program = PROMPT + FORGERIES["marker-by-object-graph-walk"]
+        result = run_program(program, Limits(timeout_s=20.0), tests=TEST, entry_point="add", helpers=PROMPT)
+        frames, found = result.stdout_tail.split("\n")[0].split()[1::2]
+        assert not result.passed
+        assert int(frames) > 0  # it did reach frames, its callers' included
+        assert int(found) == 0  # and no 32-hex value exists in the candidate's process
+
+    def test_answers_are_plain_data_in_both_directions(self) -> None:
+        prompt = "def echo(*args, **kwargs):\n"
+        body = "    return [args, kwargs, (1, [2], {3}, frozenset({4}), {(5, 6): 'x'}, 1 + 2j, b'z', 10**40, None)]\n"
+        test = (
+            "import math\n\ndef check(candidate):\n"
+            "    big = -(10**400)\n"
+            "    args, kwargs, values = candidate((1, 2), {'a': [1.5]}, big, b'\\x00', float('nan'), k={1, 2})\n"
+            "    assert type(args) is tuple and args[:3] == ((1, 2), {'a': [1.5]}, big)\n"
+            "    assert args[3] == b'\\x00' and math.isnan(args[4]) and kwargs == {'k': {1, 2}}\n"
+            "    assert values == (1, [2], {3}, frozenset({4}), {(5, 6): 'x'}, 1 + 2j, b'z', 10**40, None)\n"
+            "    assert [type(v) for v in values] == [int, list, set, frozenset, dict, complex, bytes, int, type(None)]\n"
+            "    assert type(candidate()) is list and candidate(True)[0][0] is True\n"
+        )
+        result = run_program(prompt + body, tests=test, entry_point="echo", helpers=prompt)
+        assert result.passed, result.stderr_tail
+
+    def test_the_candidates_exceptions_reach_the_tests(self) -> None:
+        prompt = "def root(x: float) -> float:\n"
+        body = "    if x < 0:\n        raise ValueError('negative')\n    return x ** 0.5\n"
+        test = (
+            "def check(candidate):\n    assert candidate(4.0) == 2.0\n    try:\n        candidate(-1.0)\n"
+            "    except ValueError as e:\n        assert str(e) == 'negative'\n    else:\n        assert False\n"
+        )
+        assert run_program(prompt + body, tests=test, entry_point="root", helpers=prompt).passed
+        wrong = run_program(prompt + "    return 2.0\n", tests=test, entry_point="root", helpers=prompt)
+        assert not wrong.passed and wrong.stderr_tail.rstrip().endswith("AssertionError")
+
+    def test_a_forged_reply_is_only_an_answer(self) -> None:
+        # writing the protocol's own "value" line on every fd answers a call, nothing more
+        forged = "    import os\n    for fd in range(3, 20):\n        try:\n            os.write(fd, b'[\"value\",3]\\n')\n        except OSError:\n            pass\n    import time\n    time.sleep(5)\n"
+        assert self.grade(forged, ITEM).correct is False  # 3 is right for (1, 2), not for (2, 2)
+
+
 class TestHostIsolation:
     def test_runs_as_an_unprivileged_uid(self) -> None:
         result = run_program("import os\nprint(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())")

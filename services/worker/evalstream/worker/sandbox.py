@@ -1,4 +1,4 @@
-"""Runs untrusted Python (model-written code + a task's tests) inside a bubblewrap sandbox.
+"""Runs untrusted Python (model-written code + a task's tests) inside bubblewrap sandboxes.
 
 Its safety does not depend on the worker's uid. Layer by layer:
 
@@ -20,21 +20,51 @@ Its safety does not depend on the worker's uid. Layer by layer:
   time, address space, file size, open files (bounding pipe and socket buffers), threads
   (RLIMIT_NPROC, per run since the uid is the run's), no core dumps, no message queues; the
   tmpfs sizes. /dev (and /dev/shm) and bwrap's root are read-only.
-* the host side: a wall-clock deadline that kills the whole process group (the pid
-  namespace dies with it, --die-with-parent) and a cap on stdout+stderr volume.
+* the host side: a wall-clock deadline and a cap on the output's volume.
+
+Nothing of a run outlives it. bwrap puts the program in a session of its own, inside a pid
+namespace whose init (bwrap's pid 1) the host knows by a pidfd (from bwrap's --info-fd,
+checked to be the child of the bwrap we started). At the end of every run, whichever way it
+ended, the host kills that init: the kernel then kills everything in the namespace and the
+init's own exit completes only once every task in it is released, so the pidfd turning
+readable means none is left. Only then, and once /proc shows no task of the run's uid, is
+the uid free for another run; a uid not confirmed empty within CONTAIN_TIMEOUT_S is
+quarantined (never handed out again by this process, nor by any other worker process in its
+network namespace: each uid in use is held as an abstract UNIX socket name). Killing only
+bwrap's process group was not enough: the program is in another session, its namespace died
+asynchronously, and a program that filled its thread limit still had threads counting
+against RLIMIT_NPROC when the uid's next run started its own.
 
 The interpreter is the worker's own (`sys.executable`, resolved past a venv's link to it)
 run with `-I -S`: no site-packages, no user site, as in the original HumanEval harness. The
 environment is empty (bwrap --clearenv, and nothing passed to bwrap either).
 
-A pass is the run's secret nonce arriving on a status pipe, written by the bootstrap only
-after the program (and its tests) ran to its end; how the nonce is kept from the program is
-told above _BOOTSTRAP. The same pipe tells whether the sandbox stood up at all: its first
-byte comes from the bootstrap before any candidate code, so a program printing "bwrap: ..."
-and failing is a wrong answer, never SandboxUnavailable. What the audit hook cannot promise:
-a program exploiting a memory-safety bug of the interpreter itself could still find the
-nonce (the host stays safe: every layer above holds regardless), and a program may still
-rewrite attributes of shared modules (math.isclose) that the tests use.
+A pass cannot be forged by the candidate's code, because the code that decides it never
+shares a process with it. A graded run (tests and an entry point) uses two sandboxes, each a
+bwrap of its own with its own uid, namespaces, rlimits and seccomp filter:
+
+* the judge runs the task's helpers and tests, and calls `check(<entry point>)` with a
+  stand-in that sends each call's arguments, as plain data, to the candidate's sandbox over
+  a pipe and reads back the return value (or exception) as plain data. It never runs
+  candidate code. A pass is the run's secret nonce on the judge's status pipe, written
+  after `check` returned;
+* the candidate's sandbox runs the program and answers calls. It never receives the nonce,
+  the tests or their expected values. Walking every object its interpreter holds (frames
+  reached from garbage the collector hands back, tracebacks, weakref callbacks, subclasses,
+  modules), reading its own memory, or writing on every fd it has, finds and forges
+  nothing: its only influence on the verdict is the values it returns, which is what the
+  tests judge. It cannot reach the judge's memory (another pid namespace, another uid,
+  ptrace and process_vm_readv refused, no /proc) and its replies are decoded as data of the
+  plain types, never evaluated, so it cannot run code in the judge either.
+
+How the two speak, and what a test sees, is told in sandbox_bootstrap.py. A plain run
+(`run_program(source)` without tests) is one sandbox whose pass is the program's own word
+that it ran to its end (the nonce, kept from it by the audit hook alone): nothing else can
+judge a plain program, and grading never relies on one. Whether bwrap itself failed is read
+from the status pipes (their first byte comes from the bootstrap before any candidate code),
+so a program printing "bwrap: ..." and failing is a wrong answer, never SandboxUnavailable.
+What the layers do not promise: safety against a memory-safety bug of the interpreter or
+the kernel (the host layers above still hold).
 
 `run_program` is synchronous and keeps no shared mutable state except lock-guarded caches
 and the set of uids in use, so it is safe to call from many threads of a pool at once.
@@ -43,13 +73,17 @@ and the set of uids in use, so it is safe to call from many threads of a pool at
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import platform
 import secrets
+import select
 import selectors
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -58,6 +92,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from evalstream.common.settings import SandboxSettings
 
@@ -69,6 +104,8 @@ __all__ = [
     "check_sandbox",
     "run_program",
 ]
+
+log = logging.getLogger(__name__)
 
 FIX_HINT = (
     "install bubblewrap (`apt-get install bubblewrap`) and make sure it can create namespaces "
@@ -99,7 +136,7 @@ DEFAULT_LIMITS = Limits()
 
 @dataclass(frozen=True, slots=True)
 class SandboxResult:
-    passed: bool  # the whole program ran to its end, without an exception or exit
+    passed: bool  # the tests passed (graded run), or the program ran to its end (plain run)
     timed_out: bool
     exit_code: int  # negative: killed by that signal
     stderr_tail: str
@@ -107,6 +144,7 @@ class SandboxResult:
     duration_s: float
     output_exceeded: bool = False
     memory_exceeded: bool = False  # its cgroup's memory limit killed it (cgroup v2 only)
+    cleanup_s: float = 0.0  # from the run's end until every process of it was confirmed gone
 
 
 _STDERR_TAIL = 4096
@@ -114,16 +152,24 @@ _STDOUT_TAIL = 4096
 _CHUNK = 65536
 EXIT_EARLY_EXIT = 3  # the program called exit() before it finished
 _STARTED = b"S"  # the bootstrap's first word on the status fd: the sandbox stood up
-# Each run gets a host uid of its own from this range (when the worker is root): runs share
-# no uid, so neither RLIMIT_NPROC's per-user count nor anything else joins them. Far above
-# login users (1000+) and the usual subordinate-id ranges of /etc/subuid (100000+).
+# Each sandbox gets a host uid of its own from this range (when the worker is root): runs
+# share no uid, so neither RLIMIT_NPROC's per-user count nor anything else joins them. Far
+# above login users (1000+) and the usual subordinate-id ranges of /etc/subuid (100000+).
 SANDBOX_UID_BASE = 1_900_000_000
 _UID_SLOTS = 1024
+# How long a run's processes may take to be gone once killed (a process with a large
+# address space takes a while to unmap) before its uid is quarantined instead of reused.
+CONTAIN_TIMEOUT_S = 10.0
+# How long the candidate's sandbox may take to end by itself once the judge has ended (it
+# sees its requests end and exits) before it is killed.
+_CANDIDATE_GRACE_S = 0.5
 
-# The program that runs first inside the sandbox (sandbox_bootstrap.py, passed with -c): it
-# drops privileges, sets rlimits, arms the audit hook and runs the candidate's code, then the
-# tests, in a thread of its own. How it keeps the pass marker out of reach is told there.
-_BOOTSTRAP = (Path(__file__).parent / "sandbox_bootstrap.py").read_text(encoding="utf-8")
+# The program that runs first inside each sandbox (sandbox_bootstrap.py, passed with -c): it
+# drops privileges, sets rlimits, arms the audit hook and plays its role (judge, candidate or
+# plain program) in a thread of its own.
+_BOOTSTRAP_PATH = Path(__file__).parent / "sandbox_bootstrap.py"
+_BOOTSTRAP = _BOOTSTRAP_PATH.read_text(encoding="utf-8")
+EXIT_GONE = 4  # the judge's exit code when the candidate's process ended (or stopped reading) first
 
 
 # --- seccomp: no new processes, no memory outside the rlimits ------------------------------------------------------------
@@ -190,12 +236,10 @@ def _seccomp_filter(machine: str) -> bytes:
     return b"".join(struct.pack("=HBBI", *ins) for ins in code)
 
 
-# --- running --------------------------------------------------------------------------------
+# --- what the sandbox sees -------------------------------------------------------------------
 _probed: set[tuple[str, str]] = set()
 _probe_lock = threading.Lock()
 _layouts: dict[str, _Layout] = {}
-_uids_in_use: set[int] = set()
-_uid_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +297,7 @@ def _layout(python: str) -> _Layout:
     return layout
 
 
+# --- memory: a cgroup of the run's own, when delegated --------------------------------------------
 CGROUP_ENV = "SANDBOX_CGROUP"
 _CGROUP_SLACK = 32 << 20  # kernel memory, page tables, the interpreter's own pages
 # Runs as root (the worker) before bwrap: joins the run's cgroup, then becomes bwrap, so that
@@ -331,26 +376,162 @@ def _oom_killed(cgroup: str | None) -> bool:
     return int(events.get("oom_kill", "0")) > 0
 
 
+# --- uids: one per sandbox, reused only once nothing of its last run is left -------------------------
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()  # slots
+_quarantined: set[int] = set()  # slots whose last run was not confirmed gone: never reused
+_uid_claims: dict[int, socket.socket] = {}  # slot -> the abstract socket claiming its uid
+_next_slot: list[int] = []  # where the round-robin search starts (set on first use)
+
+
+@dataclass(slots=True)
+class _Lease:
+    """A uid for one sandbox (0: the worker is not root; the sandbox then runs as the
+    worker's uid mapped to nobody in a user namespace of its own)."""
+
+    uid: int
+    slot: int | None = None
+    # whether every process that ran as `uid` is known gone: false from the launch until
+    # the kill is confirmed (_stop); a lease released unconfirmed quarantines its uid
+    contained: bool = True
+
+
+def _uid_busy(uid: int) -> bool:
+    """Whether any task (thread, zombie included) has `uid` as its real uid, the one
+    RLIMIT_NPROC counts by: getpriority(PRIO_USER) walks the kernel's task list and answers
+    ESRCH when it finds none (microseconds, where reading every /proc/<pid>/status takes
+    milliseconds)."""
+    try:
+        os.getpriority(os.PRIO_USER, uid)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pids_of(uid: int) -> list[int]:
+    """The processes with `uid` among their uids, from /proc/<pid>/status (a process's /proc
+    folder is root's once it changed uid, so its owner says nothing)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        at = status.find(b"\nUid:")
+        if at >= 0 and uid in {int(u) for u in status[at + 5 :].split(b"\n", 1)[0].split()}:
+            found.append(int(name))
+    return found
+
+
+def _claim(uid: int) -> socket.socket | None:
+    """Holds `uid` against every other worker process in this network namespace (an abstract
+    socket name: atomic, gone with its process, never a stale file), or None if one holds it."""
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(f"\0evalstream-sandbox-uid-{uid}")
+    except OSError as exc:
+        claim.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return claim
+
+
 @contextlib.contextmanager
-def _run_uid() -> Iterator[int]:
-    """A host uid no other running sandbox has (0: the worker is not root, so the sandbox
-    runs as the worker's own uid, mapped in a user namespace of its own)."""
+def _run_uid() -> Iterator[_Lease]:
+    """A host uid no other sandbox has, with no process left of its previous run (0: the
+    worker is not root). Slots are taken round-robin, so a uid is reused as late as possible.
+    Released when the run ends if its processes were confirmed gone, else quarantined."""
     if os.geteuid() != 0:
-        yield 0
+        yield _Lease(0)
         return
     with _uid_lock:
-        # spread by pid too: several worker processes on one host pick different uids
-        start = (os.getpid() * 7) % _UID_SLOTS
-        slot = next((s for s in range(_UID_SLOTS) if (start + s) % _UID_SLOTS not in _uids_in_use), None)
-        if slot is None:
-            raise SandboxUnavailable(f"more than {_UID_SLOTS} sandboxes at once")
-        uid_slot = (start + slot) % _UID_SLOTS
-        _uids_in_use.add(uid_slot)
+        if not _next_slot:  # spread by pid too: worker processes on one host start apart
+            _next_slot.append((os.getpid() * 7) % _UID_SLOTS)
+        start = _next_slot[0]
+        slot = claim = None
+        for step in range(_UID_SLOTS):
+            candidate = (start + step) % _UID_SLOTS
+            if candidate in _uids_in_use or candidate in _quarantined:
+                continue
+            if _uid_busy(SANDBOX_UID_BASE + candidate):  # a crashed worker's leftovers
+                continue
+            claim = _claim(SANDBOX_UID_BASE + candidate)
+            if claim is not None:
+                slot = candidate
+                break
+        if slot is None or claim is None:
+            raise SandboxUnavailable(
+                f"no free sandbox uid: {len(_uids_in_use)} in use here, {len(_quarantined)} quarantined, "
+                f"the rest held by other worker processes or with processes left (of {_UID_SLOTS})"
+            )
+        _uids_in_use.add(slot)
+        _uid_claims[slot] = claim
+        _next_slot[0] = (slot + 1) % _UID_SLOTS
+    lease = _Lease(SANDBOX_UID_BASE + slot, slot)
     try:
-        yield SANDBOX_UID_BASE + uid_slot
+        yield lease
     finally:
         with _uid_lock:
-            _uids_in_use.discard(uid_slot)
+            _uids_in_use.discard(slot)
+            if lease.contained:
+                _uid_claims.pop(slot).close()
+            else:  # kept claimed for good: no process of this namespace takes it either
+                _quarantined.add(slot)
+                log.warning(
+                    "sandbox uid %d quarantined: its processes were not confirmed gone within %.0f s",
+                    lease.uid,
+                    CONTAIN_TIMEOUT_S,
+                )
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    """Whether `fd` turned readable within `timeout` (a pidfd: its process exited)."""
+    return bool(select.select([fd], [], [], max(0.0, timeout))[0])
+
+
+def _uid_gone(uid: int, deadline: float) -> bool:
+    """Waits until no task of `uid` is left, or the deadline: False if one still is. Right
+    after the namespace's init is gone, none is; otherwise each process found is waited on
+    through a pidfd (a zombie, whose reaper has yet to wait for it, only through time)."""
+    backoff = 0.001
+    while _uid_busy(uid):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        waited = False
+        pids = _pids_of(uid)
+        if pids:
+            try:
+                pidfd = os.pidfd_open(pids[0])
+            except ProcessLookupError:
+                continue  # gone meanwhile: look again
+            try:
+                if not _wait_readable(pidfd, 0):  # alive: wait for its end
+                    waited = _wait_readable(pidfd, remaining) or True
+            finally:
+                os.close(pidfd)
+        if not waited:  # a zombie not yet reaped: nothing to wait on but time
+            time.sleep(min(backoff, remaining))
+            backoff = min(backoff * 2, 0.1)
+    return True
+
+
+# --- one sandbox: started, watched, and killed with everything in it ----------------------------------
+@dataclass(slots=True)
+class _Sandbox:
+    proc: subprocess.Popen[bytes]
+    status: int  # read end of its status pipe
+    lease: _Lease
+    cgroup: str | None
+    init: int | None = None  # pidfd of its pid namespace's init (None: it never came up)
+    exit_code: int | None = None  # as it ended by itself (None: killed, or not yet ended)
+    stopped: bool = False
+    cleanup_s: float = 0.0
+    oom: bool = False
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -372,47 +553,6 @@ def _resolve(python: str | None, bwrap: str | None) -> tuple[str, str]:
     if python_path.startswith("/tmp/"):
         raise SandboxUnavailable(f"the interpreter {python_path} lies under /tmp, hidden in the sandbox")
     return bwrap_path, python_path
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    # bwrap leads its own process group; killing it takes the pid namespace down with it
-    # (--die-with-parent), grandchildren included.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-_Collected = tuple[bytes, bytes, bool, bool]  # stdout tail, stderr tail, timed out, output exceeded
-
-
-def _collect(proc: subprocess.Popen[bytes], deadline: float, max_output: int) -> _Collected:
-    """Reads stdout and stderr (keeping their tails) until the process ends, the deadline
-    passes or the output grows past `max_output`."""
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    total = 0
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, (out, _STDOUT_TAIL))
-        sel.register(proc.stderr, selectors.EVENT_READ, (err, _STDERR_TAIL))
-        while sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return bytes(out), bytes(err), True, False
-            for key, _ in sel.select(remaining):
-                chunk = os.read(key.fd, _CHUNK)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf, limit = key.data
-                buf += chunk
-                del buf[: max(0, len(buf) - limit)]
-                total += len(chunk)
-                if total > max_output:
-                    return bytes(out), bytes(err), False, True
-    try:  # both pipes closed: the process normally exits right after
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return bytes(out), bytes(err), True, False
-    return bytes(out), bytes(err), False, False
 
 
 def _bwrap_args(layout: _Layout, limits: Limits, uid: int) -> list[str]:
@@ -454,36 +594,115 @@ def _bwrap_args(layout: _Layout, limits: Limits, uid: int) -> list[str]:
     return args
 
 
-def _execute(
-    source: str,
+def _namespace_init(proc: subprocess.Popen[bytes], info: int, deadline: float) -> int | None:
+    """A pidfd of the sandbox's pid-namespace init, whose pid bwrap writes on --info-fd right
+    after creating it; None if bwrap failed before (nothing ran) or it is already gone (then
+    so is everything in its namespace). The pid is trusted only while that process is still
+    the child of our bwrap, which we have not reaped: no other process can hold that pid."""
+    data = bytearray()
+    while not data.rstrip().endswith(b"}"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not _wait_readable(info, remaining):
+            return None
+        chunk = os.read(info, 4096)
+        if not chunk:
+            return None
+        data += chunk
+        if len(data) > 65536:
+            return None
+    try:
+        pid = int(json.loads(data)["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+        at = status.find(b"\nPPid:")
+        if at >= 0 and int(status[at + 6 :].split(None, 1)[0]) == proc.pid:
+            return pidfd
+    except (OSError, ValueError):
+        pass
+    os.close(pidfd)
+    return None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # bwrap (the launcher) leads its own process group; the sandbox's init and program are in
+    # a session of their own, killed through the init (_stop)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _stop(box: _Sandbox) -> None:
+    """Kills the sandbox and everything in it, reaps bwrap, and confirms that no process of
+    the run is left (the namespace's init gone, no task of its uid in /proc): only then may
+    its uid serve another run. Idempotent."""
+    if box.stopped:
+        return
+    box.stopped = True
+    began = time.monotonic()
+    deadline = began + CONTAIN_TIMEOUT_S
+    if box.init is not None:  # pid 1 of the namespace: its death takes every task in it
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(box.init, signal.SIGKILL)
+    if box.proc.returncode is None:  # not yet reaped: its pid (and group) is still ours
+        _kill_group(box.proc)
+    contained = True
+    try:
+        box.proc.wait(timeout=CONTAIN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        contained = False
+    if box.init is not None:
+        try:
+            # readable once the init exited, which the kernel lets happen only after every
+            # other task of its namespace was killed and released
+            contained = _wait_readable(box.init, deadline - time.monotonic()) and contained
+        finally:
+            os.close(box.init)
+            box.init = None
+    if contained and box.lease.uid:
+        contained = _uid_gone(box.lease.uid, deadline)
+    box.oom = _oom_killed(box.cgroup)
+    box.lease.contained = contained
+    box.cleanup_s = time.monotonic() - began
+
+
+@contextlib.contextmanager
+def _sandbox(
+    layout: _Layout,
     limits: Limits,
     bwrap: str,
     python: str,
-    *,
-    tests: str | None = None,
-    entry_point: str | None = None,
-    helpers: str | None = None,
-) -> SandboxResult:
-    layout = _layout(python)
+    role: str,
+    payload: dict[str, Any],
+    deadline: float,
+    pass_fds: tuple[int, ...] = (),
+) -> Iterator[_Sandbox]:
+    """One bubblewrap sandbox running the bootstrap in `role` (judge, candidate or program)
+    with `payload` (what that role needs), started with its own uid and (when delegated)
+    cgroup; stopped, and confirmed gone, when the block ends, however it ends."""
     parent = cgroup_parent()
-    nonce = secrets.token_hex(16)
-    payload = json.dumps(
-        {"nonce": nonce, "program": source, "tests": tests, "entry_point": entry_point, "helpers": helpers}
-    )
-    payload_fd = _memfd("evalstream-program", payload.encode("utf-8", "replace"))  # lone surrogates
+    payload_data = json.dumps(payload).encode("utf-8", "replace")  # lone surrogates
+    payload_fd = _memfd("evalstream-program", payload_data)
     seccomp_fd = _memfd("evalstream-seccomp", _seccomp_filter(platform.machine()))
     status_read, status_write = os.pipe()
-    start = time.monotonic()
+    info_read, info_write = os.pipe()
     try:
-        with _run_uid() as uid, _run_cgroup(parent, limits, f"run-{uid}-{nonce[:12]}") as cgroup:
+        with (
+            _run_uid() as lease,
+            _run_cgroup(parent, limits, f"run-{lease.uid}-{secrets.token_hex(6)}") as cgroup,
+        ):
+            uid = lease.uid
             cmd = [
                 bwrap,
                 *_bwrap_args(layout, limits, uid),
+                "--info-fd", str(info_write),
                 "--seccomp", str(seccomp_fd),
                 python, "-I", "-S", "-c", _BOOTSTRAP,
                 str(payload_fd), str(status_write), str(limits.memory_bytes), str(limits.max_file_bytes),
                 str(limits.cpu_seconds), str(limits.max_open_files), str(limits.max_threads), str(uid),
-                str(EXIT_EARLY_EXIT), layout.dynload,
+                str(EXIT_EARLY_EXIT), str(EXIT_GONE), layout.dynload, role,
             ]  # fmt: skip
             if cgroup is not None:
                 cmd = [python, "-I", "-S", "-c", _ENTER_CGROUP, cgroup, *cmd]
@@ -493,56 +712,91 @@ def _execute(
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    pass_fds=(payload_fd, seccomp_fd, status_write),
+                    pass_fds=(payload_fd, seccomp_fd, status_write, info_write, *pass_fds),
                     env={},  # the sandbox inherits nothing (bwrap and python are absolute paths)
                     start_new_session=True,
                 )
             finally:
-                os.close(payload_fd)
-                os.close(seccomp_fd)
-                os.close(status_write)
-            out, err, timed_out, exceeded, exit_code = _wait(proc, start + limits.timeout_s, limits)
-            oom = _oom_killed(cgroup)
-        status = _read_status(status_read)
+                for fd in (payload_fd, seccomp_fd, status_write, info_write):
+                    os.close(fd)
+                payload_fd = seccomp_fd = status_write = info_write = -1
+            lease.contained = False  # from here on a process may run as `uid`
+            box = _Sandbox(proc, status_read, lease, cgroup)
+            try:
+                box.init = _namespace_init(proc, info_read, deadline)
+                yield box
+            finally:
+                _stop(box)
+                for stream in (proc.stdout, proc.stderr):
+                    if stream is not None:
+                        stream.close()
     finally:
-        os.close(status_read)
-    stderr = err.decode("utf-8", "replace")
-    if not status.startswith(_STARTED) and not timed_out:
-        # The bootstrap never ran: bwrap itself failed (namespaces refused, a bad mount...).
-        # Decided by the status fd, which only the bootstrap writes to first: never by what
-        # the candidate's code printed.
-        first = (stderr.strip().splitlines() or [f"exit code {exit_code}"])[0][:300]
-        raise SandboxUnavailable(f"the sandbox did not start: {first}; fix: {FIX_HINT}")
-    finished = not (timed_out or exceeded) and exit_code == 0 and nonce.encode() in status
-    return SandboxResult(
-        passed=finished,
-        timed_out=timed_out,
-        exit_code=exit_code,
-        stderr_tail=stderr,
-        stdout_tail=out.decode("utf-8", "replace"),
-        duration_s=time.monotonic() - start,
-        output_exceeded=exceeded,
-        memory_exceeded=oom,
-    )
+        for fd in (payload_fd, seccomp_fd, status_write, info_write, status_read, info_read):
+            if fd >= 0:
+                os.close(fd)
 
 
-def _wait(
-    proc: subprocess.Popen[bytes], deadline: float, limits: Limits
-) -> tuple[bytes, bytes, bool, bool, int]:
-    """Collects the run's output until it ends (killed at the deadline or past the output
-    cap): stdout tail, stderr tail, timed out, output exceeded, exit code (-N: signal N)."""
-    with proc:
-        try:
-            out, err, timed_out, exceeded = _collect(proc, deadline, limits.max_output_bytes)
-        except BaseException:  # never leave a sandbox running behind an error
-            _kill_group(proc)
-            raise
-        if timed_out or exceeded:
-            _kill_group(proc)
-        exit_code = proc.wait()
-    if exit_code > 128:  # bwrap reports a child killed by signal N as 128 + N
-        exit_code = 128 - exit_code
-    return out, err, timed_out, exceeded, exit_code
+def _exit_code(code: int) -> int:
+    return 128 - code if code > 128 else code  # bwrap reports a child killed by signal N as 128 + N
+
+
+def _ended(box: _Sandbox, until: float) -> int | None:
+    """Its exit code if bwrap ends by itself before `until` (recorded), else None."""
+    try:
+        box.exit_code = _exit_code(box.proc.wait(timeout=max(0.0, until - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        return None
+    return box.exit_code
+
+
+class _Output:
+    """The tails of every stream of a run's sandboxes, read together, with one cap on their
+    total volume."""
+
+    def __init__(self, max_output: int) -> None:
+        self.max_output = max_output
+        self.total = 0
+        self.tails: dict[int, bytearray] = {}
+        self._limits: dict[int, int] = {}
+        self._open: dict[int, Any] = {}
+
+    def watch(self, stream: Any, limit: int) -> int:
+        fd = int(stream.fileno())
+        self.tails[fd] = bytearray()
+        self._limits[fd] = limit
+        self._open[fd] = stream
+        return fd
+
+    def tail(self, fd: int) -> bytes:
+        return bytes(self.tails[fd])
+
+    def read(self, until: set[int], deadline: float) -> tuple[bool, bool]:
+        """Reads every watched stream until those in `until` have all ended, the deadline
+        passes or the total grows past the cap: (timed out, output exceeded)."""
+        with selectors.DefaultSelector() as sel:
+            for fd, stream in self._open.items():
+                sel.register(stream, selectors.EVENT_READ, fd)
+            while any(fd in self._open for fd in until):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return True, False
+                for key, _ in sel.select(remaining):
+                    fd = key.data
+                    try:
+                        chunk = os.read(fd, _CHUNK)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        del self._open[fd]
+                        continue
+                    buf = self.tails[fd]
+                    buf += chunk
+                    del buf[: max(0, len(buf) - self._limits[fd])]
+                    self.total += len(chunk)
+                    if self.total > self.max_output:
+                        return False, True
+        return False, False
 
 
 def _read_status(fd: int) -> bytes:
@@ -560,6 +814,142 @@ def _read_status(fd: int) -> bytes:
     return bytes(data)
 
 
+def _unavailable(stderr: bytes, exit_code: int | None) -> SandboxUnavailable:
+    # The bootstrap never ran: bwrap itself failed (namespaces refused, a bad mount...).
+    # Decided by the status fd, which only the bootstrap writes to first: never by what
+    # the candidate's code printed.
+    text = stderr.decode("utf-8", "replace")
+    first = (text.strip().splitlines() or [f"exit code {exit_code}"])[0][:300]
+    return SandboxUnavailable(f"the sandbox did not start: {first}; fix: {FIX_HINT}")
+
+
+def _tail(text: bytes, limit: int) -> str:
+    return text[-limit:].decode("utf-8", "replace")
+
+
+def _execute_plain(source: str, limits: Limits, bwrap: str, python: str) -> SandboxResult:
+    """One sandbox: the program, and the nonce once it ran to its end (its own word)."""
+    layout = _layout(python)
+    nonce = secrets.token_hex(16)
+    start = time.monotonic()
+    deadline = start + limits.timeout_s
+    output = _Output(limits.max_output_bytes)
+    with _sandbox(
+        layout, limits, bwrap, python, "program", {"nonce": nonce, "program": source}, deadline
+    ) as box:
+        assert box.proc.stdout is not None and box.proc.stderr is not None
+        out, err = output.watch(box.proc.stdout, _STDOUT_TAIL), output.watch(box.proc.stderr, _STDERR_TAIL)
+        timed_out, exceeded = output.read({out, err}, deadline)
+        code = None if timed_out or exceeded else _ended(box, deadline)
+        timed_out = timed_out or (code is None and not exceeded)
+        ended = time.monotonic()
+        _stop(box)
+        status = _read_status(box.status)
+    if not status.startswith(_STARTED) and not (timed_out or exceeded):
+        raise _unavailable(output.tail(err), code)
+    return SandboxResult(
+        passed=not (timed_out or exceeded) and code == 0 and nonce.encode() in status,
+        timed_out=timed_out,
+        exit_code=_exit_code(box.proc.returncode) if code is None else code,
+        stderr_tail=_tail(output.tail(err), _STDERR_TAIL),
+        stdout_tail=_tail(output.tail(out), _STDOUT_TAIL),
+        duration_s=ended - start,
+        output_exceeded=exceeded,
+        memory_exceeded=box.oom,
+        cleanup_s=box.cleanup_s,
+    )
+
+
+def _execute_judged(
+    source: str, limits: Limits, bwrap: str, python: str, tests: str, entry_point: str, helpers: str | None
+) -> SandboxResult:
+    """Two sandboxes: the candidate's program answering calls, the judge running the tests
+    against those answers. The verdict is the judge's alone (see the module docstring)."""
+    layout = _layout(python)
+    nonce = secrets.token_hex(16)
+    start = time.monotonic()
+    deadline = start + limits.timeout_s
+    output = _Output(limits.max_output_bytes)
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    pipes = [requests_read, requests_write, replies_read, replies_write]
+    try:
+        with contextlib.ExitStack() as stack:
+            candidate = stack.enter_context(
+                _sandbox(
+                    layout,
+                    limits,
+                    bwrap,
+                    python,
+                    "candidate",
+                    {"program": source, "entry_point": entry_point,
+                     "requests": requests_read, "replies": replies_write},
+                    deadline,
+                    (requests_read, replies_write),
+                )
+            )  # fmt: skip
+            judge = stack.enter_context(
+                _sandbox(
+                    layout,
+                    limits,
+                    bwrap,
+                    python,
+                    "judge",
+                    {"nonce": nonce, "tests": tests, "entry_point": entry_point,
+                     "helpers": helpers, "program_lines": source.count("\n"),
+                     "requests": requests_write, "replies": replies_read},
+                    deadline,
+                    (requests_write, replies_read),
+                )
+            )  # fmt: skip
+            for fd in pipes:  # the sandboxes hold them now: each side sees the other's end
+                os.close(fd)
+            pipes.clear()
+            streams = [candidate.proc.stdout, candidate.proc.stderr, judge.proc.stdout, judge.proc.stderr]
+            assert all(s is not None for s in streams)
+            c_out, c_err = output.watch(streams[0], _STDOUT_TAIL), output.watch(streams[1], _STDERR_TAIL)
+            j_out, j_err = output.watch(streams[2], _STDOUT_TAIL), output.watch(streams[3], _STDERR_TAIL)
+            timed_out, exceeded = output.read({j_out, j_err}, deadline)
+            code = None if timed_out or exceeded else _ended(judge, deadline)
+            timed_out = timed_out or (code is None and not exceeded)
+            candidate_code = None
+            if not (timed_out or exceeded):  # it sees its requests end: give it a moment
+                candidate_code = _ended(candidate, min(deadline, time.monotonic() + _CANDIDATE_GRACE_S))
+            ended = time.monotonic()
+            _stop(candidate)
+            _stop(judge)
+            # what the candidate wrote before it went (its writers are all gone now: bounded)
+            output.read({c_out, c_err}, time.monotonic() + 1.0)
+            judge_status = _read_status(judge.status)
+            candidate_status = _read_status(candidate.status)
+    finally:
+        for fd in pipes:
+            os.close(fd)
+    if not (timed_out or exceeded):
+        if not judge_status.startswith(_STARTED):
+            raise _unavailable(output.tail(j_err), code)
+        if code == EXIT_GONE and candidate_code is not None and not candidate_status.startswith(_STARTED):
+            raise _unavailable(output.tail(c_err), candidate_code)
+    passed = not (timed_out or exceeded) and code == 0 and nonce.encode() in judge_status
+    if code is None:
+        exit_code = _exit_code(judge.proc.returncode)
+    elif code == EXIT_GONE and candidate_code is not None:
+        exit_code = candidate_code  # the candidate's process ended first: its code says how
+    else:
+        exit_code = code
+    return SandboxResult(
+        passed=passed,
+        timed_out=timed_out,
+        exit_code=exit_code,
+        stderr_tail=_tail(output.tail(c_err) + output.tail(j_err), _STDERR_TAIL),
+        stdout_tail=_tail(output.tail(c_out) + output.tail(j_out), _STDOUT_TAIL),
+        duration_s=ended - start,
+        output_exceeded=exceeded,
+        memory_exceeded=candidate.oom or judge.oom,
+        cleanup_s=max(candidate.cleanup_s, judge.cleanup_s),
+    )
+
+
 def check_sandbox(python: str | None = None, bwrap: str | None = None) -> None:
     """Raises SandboxUnavailable unless a trivial program runs in the sandbox. Cached once
     it succeeds, so a worker can call it at start-up and `run_program` before every run."""
@@ -570,7 +960,7 @@ def check_sandbox(python: str | None = None, bwrap: str | None = None) -> None:
     with _probe_lock:
         if key in _probed:
             return
-        result = _execute("pass", Limits(timeout_s=30.0), bwrap_path, python_path)
+        result = _execute_plain("pass", Limits(timeout_s=30.0), bwrap_path, python_path)
         if not result.passed:  # the interpreter started but could not run: not the code's fault
             detail = result.stderr_tail.strip()[-500:] or f"exit code {result.exit_code}"
             raise SandboxUnavailable(f"sandbox self-test failed: {detail}; fix: {FIX_HINT}")
@@ -589,17 +979,21 @@ def run_program(
 ) -> SandboxResult:
     """Runs `source` as a Python module in the sandbox and reports how it ended.
 
-    With `tests` and `entry_point` (HumanEval), the tests run after `source`, in a namespace
-    of their own with builtins and modules restored, and `check(<entry_point>)` is called
-    with the entry point held to plain return values. `helpers` (the task's prompt) runs
-    first on its own: its definitions are those the tests see, whatever `source` redefines.
-    A program passes when it runs to its end: an exception, exit() or a signal fails it.
+    With `tests` and `entry_point` (HumanEval), the run is graded: the tests run in a sandbox
+    of their own (the judge) and `check(<entry_point>)` is called with a stand-in whose calls
+    go, as plain data, to `source`'s entry point in the candidate's sandbox; the run passes
+    when `check` returns. `helpers` (the task's prompt) runs first in the judge: its
+    definitions are those the tests see, whatever `source` redefines; without it the tests
+    see only the entry point and builtins. The limits apply to each sandbox, the deadline
+    and the output cap to the run as a whole.
+    Without tests, a program passes when it runs to its end: an exception, exit() or a
+    signal fails it (its own word: see the module docstring).
     Raises SandboxUnavailable when the sandbox cannot be set up (never runs code without it).
     """
     if (tests is None) != (entry_point is None):
         raise ValueError("tests and entry_point go together")
     check_sandbox(python, bwrap)
     bwrap_path, python_path = _resolve(python, bwrap)
-    return _execute(
-        source, limits, bwrap_path, python_path, tests=tests, entry_point=entry_point, helpers=helpers
-    )
+    if tests is None or entry_point is None:
+        return _execute_plain(source, limits, bwrap_path, python_path)
+    return _execute_judged(source, limits, bwrap_path, python_path, tests, entry_point, helpers)

@@ -1,8 +1,9 @@
 """Code tasks graded by execution (HumanEval): the candidate program, then the item's `test`,
-then `check(<entry_point>)`, run in the bubblewrap sandbox. Passing means the whole program
-ran to its end. The sandbox runs the tests apart from the candidate's code (builtins and
-modules restored, the entry point held to plain return values: see sandbox.py), so that
-code cannot rewrite the tests' yardsticks.
+then `check(<entry_point>)`, run in bubblewrap sandboxes. Passing means `check` returned. The
+tests run in a sandbox of their own that never runs the candidate's code: each call of the
+entry point crosses to the candidate's sandbox as plain data, and its answer comes back as
+plain data (see sandbox.py), so that code can neither rewrite the tests' yardsticks nor forge
+the verdict.
 
 The candidate program is the prompt (item.question: signature, docstring, imports, helper
 functions) followed by the model's code: either a whole function that defines the entry
