@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from pathlib import Path
 
@@ -151,7 +152,8 @@ async def submit_tasks(args: argparse.Namespace, settings: Settings) -> None:
         job, warnings = task_job(task, base, grader=grader)
         for w in warnings:
             print(f"evalctl: warning: {w}", file=sys.stderr)
-        run_id, _ = await upload_and_publish(settings, job, dataset_bytes(task.items), f"{task.name}.jsonl")
+        filename = re.sub(r"[^A-Za-z0-9._-]", "_", task.name)[:100] + ".jsonl"  # part of an S3 key
+        run_id, _ = await upload_and_publish(settings, job, dataset_bytes(task.items), filename)
         runs.append((task.name, run_id))
     if not args.wait:
         if args.json:
