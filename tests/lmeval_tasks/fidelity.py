@@ -37,6 +37,8 @@ TASKS: dict[str, tuple[str, int | None]] = {
     "lambada_openai": ("lambada/lambada_openai.yaml", None),
     "pile_10k": ("pile_10k/pile_10k.yaml", None),
 }
+# group name -> its YAML under TASKS_DIR (evalstream's own group over lm-eval's tasks)
+GROUPS: dict[str, str] = {"evalstream_mini": "evalstream_mini.yaml"}
 LMEVAL_PYTHON = ROOT / "bench" / ".venv-lmeval" / "bin" / "python"
 
 
@@ -88,8 +90,8 @@ def digest(canonical: list[dict[str, Any]]) -> str:
 
 
 def run_lmeval(names: list[str], seed: int = 1234) -> dict[str, Any]:
-    """lm-eval's requests for `names` (run in its venv, from the tasks folder)."""
-    wanted = {n: TASKS[n][1] for n in names}
+    """lm-eval's requests for `names`, tasks or groups (run in its venv, from the tasks folder)."""
+    wanted = {n: TASKS[n][1] if n in TASKS else None for n in names}
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [
@@ -118,6 +120,9 @@ def record() -> None:
     for name in TASKS:
         canonical = canonical_from_dump(dump[name])
         expected[name] = {"sha256": digest(canonical), "docs": len(canonical), "first": canonical[:2]}
+    for group in GROUPS:
+        dump = run_lmeval([group])
+        expected[f"group:{group}"] = {name: digest(canonical_from_dump(task)) for name, task in dump.items()}
     EXPECTED.write_text(
         json.dumps(expected, ensure_ascii=False, indent=1, sort_keys=True) + "\n", encoding="utf-8"
     )

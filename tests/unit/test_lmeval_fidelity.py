@@ -56,6 +56,15 @@ def test_items_are_lm_evals_requests(name: str, dump: dict[str, Any]) -> None:
     assert recorded["sha256"] == fidelity.digest(theirs), "expected.json is stale: run fidelity.py record"
 
 
+@pytest.mark.parametrize("group", list(fidelity.GROUPS))
+def test_a_groups_tasks_are_lm_evals(group: str, lmeval_venv: Path) -> None:
+    theirs = fidelity.run_lmeval([group])
+    tasks = read_tasks(fidelity.TASKS_DIR / fidelity.GROUPS[group], data_dir=fidelity.DATA_DIR)
+    assert sorted(t.name for t in tasks) == sorted(theirs)
+    for t in tasks:
+        assert fidelity.canonical_from_items(t) == fidelity.canonical_from_dump(theirs[t.name]), t.name
+
+
 def test_another_seed_gives_lm_evals_other_contexts(lmeval_venv: Path) -> None:
     theirs = fidelity.canonical_from_dump(fidelity.run_lmeval(["arc_easy"], seed=42)["arc_easy"])
     path, shots = fidelity.TASKS["arc_easy"]

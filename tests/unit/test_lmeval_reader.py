@@ -59,6 +59,14 @@ def test_lm_evals_own_yamls_render_as_lm_eval_recorded(name: str, expected: dict
     assert [item.id for item in task.items] == [str(i) for i in range(want["docs"])]  # lm-eval's doc_id
 
 
+@pytest.mark.parametrize("group", list(fidelity.GROUPS))
+def test_a_group_renders_as_lm_eval_recorded(group: str, expected: dict[str, Any]) -> None:
+    tasks = read_tasks(fidelity.TASKS_DIR / fidelity.GROUPS[group], data_dir=fidelity.DATA_DIR)
+    got = {t.name: fidelity.digest(fidelity.canonical_from_items(t)) for t in tasks}
+    assert got == expected[f"group:{group}"]
+    assert {t.source.group for t in tasks} == {group}
+
+
 def test_the_recorded_strings_are_what_lm_eval_shows() -> None:
     """A few literal pieces of lm-eval's contexts, so that a wrong recording cannot pass."""
     tasks = {
@@ -337,6 +345,9 @@ def test_include_chain_group_and_tag(folder: Path) -> None:
     assert "g.yaml" in [f.path for f in group[0].source.files]
     folder_tasks = read_tasks(folder)
     assert [t.name for t in folder_tasks] == ["a", "b", "c"]  # a folder: its tasks, not its groups
+    write(folder, {"bad.yaml": "group: bad\ntask: [nothing_here]\n"})
+    with pytest.raises(TaskRefused, match="no task, group or tag 'nothing_here'"):
+        read_tasks(folder / "bad.yaml")
     (folder / "empty").mkdir()
     with pytest.raises(TaskError, match="no task YAML"):
         read_tasks(folder / "empty")
@@ -581,3 +592,29 @@ def test_task_job_and_manifest_record_the_task() -> None:
     assert manifest_sha256(manifest(changed)) != manifest_sha256(m)
     again = request_from_manifest(json.loads(json.dumps(m)))
     assert msgspec.convert(again.task, type(mc.task)) == mc.task
+
+
+def test_evalctl_submit_task_refuses_before_uploading(tmp_path: Path) -> None:
+    """The CLI's checks: no stack is needed to refuse (nothing is read from it)."""
+    import subprocess
+    import sys
+
+    def evalctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "evalstream.cli", "submit", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    gsm8k = str(fidelity.TASKS_DIR / "gsm8k" / "gsm8k.yaml")
+    for args, message in (
+        ((gsm8k, "--max-tokens", "5"), "--max-tokens: a task's YAML sets its prompts and generation"),
+        (("x.jsonl", "--task", gsm8k), "give a DATASET or --task PATH"),
+        ((gsm8k,), "'openai/gsm8k' is a Hugging Face hub dataset"),
+        ((str(fidelity.HERE / "refused/wikitext/wikitext.yaml"),), "doc_to_target: !function"),
+    ):
+        argv = args if args[0] == "x.jsonl" else ("--task", *args)
+        proc = evalctl(*argv)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr, proc.stderr

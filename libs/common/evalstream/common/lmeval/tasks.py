@@ -160,6 +160,10 @@ def _group_tasks(
                 raise TaskRefused("a member mapping needs `task` or `group`", key=key, where=group.group)
             base, item_overrides = item["task"], {**merged, **item}
         found = index.entries.get(base)
+        if found is None and isinstance(item, str):
+            raise TaskRefused(
+                f"no task, group or tag {base!r} under {index.root}", key=key, where=group.group
+            )
         if found is None:  # an inline task, defined by the member's keys alone
             cfg = {**item_overrides, "task": f"{group.group}::{base}"}
             out.append(_task(cfg, entry, entry, {}))
