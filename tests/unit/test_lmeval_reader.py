@@ -372,11 +372,62 @@ def test_data_file_formats(tmp_path: Path) -> None:
 
 def test_hub_names_need_a_data_dir(tmp_path: Path) -> None:
     yaml = "task: t\ndataset_path: someone/set\ndataset_name: cfg\ntest_split: test\ndoc_to_text: q\ndoc_to_target: a\n"
-    with pytest.raises(TaskDataError, match=r"--data-dir DIR with DIR/someone/set/cfg/<split>.jsonl"):
+    with pytest.raises(TaskDataError, match=r"--data-dir DIR, with DIR/someone/set/cfg/test.jsonl"):
         one(tmp_path, yaml)
+    (tmp_path / "data").mkdir()
+    with pytest.raises(TaskDataError, match=r"no local copy: expected .*/data/someone/set/cfg/test.jsonl"):
+        one(tmp_path, yaml, data_dir=tmp_path / "data")
     write(tmp_path / "data", {"someone/set/cfg/test.jsonl": rows(2)})
     task = one(tmp_path, yaml, data_dir=tmp_path / "data")
     assert [i.answer for i in task.items] == ["answer 0", "answer 1"]
+
+
+class FakeHub:
+    """The hub as HuggingFaceHub reads it: Parquet files per split, repository files."""
+
+    def __init__(self, tmp: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.calls: list[tuple[str, ...]] = []
+        self.parquet: list[bytes] = []
+        for part in ([{"q": "h0", "a": "x0"}, {"q": "h1", "a": "x1"}], [{"q": "h2", "a": "x2"}]):
+            pq.write_table(pa.Table.from_pylist(part), tmp / "p.parquet")
+            self.parquet.append((tmp / "p.parquet").read_bytes())
+
+    def split_files(self, repo: str, config: str | None, split: str) -> list[tuple[str, bytes]]:
+        self.calls.append((repo, str(config), split))
+        return [(f"{config}/{split}/{i:04d}.parquet", b) for i, b in enumerate(self.parquet)]
+
+    def repo_file(self, repo: str, path: str) -> bytes:
+        self.calls.append((repo, path))
+        return b'{"q": "r0", "a": "y0"}\n'
+
+
+def test_hub_datasets_where_the_hub_is_reachable(tmp_path: Path) -> None:
+    hub = FakeHub(tmp_path)
+    yaml = "task: t\ndataset_path: someone/set\ndataset_name: cfg\ntest_split: test\ndoc_to_text: q\ndoc_to_target: a\n"
+    task = one(tmp_path, yaml, hub=hub)
+    assert [(q(i), i.answer) for i in task.items] == [
+        ("h0", "x0"),
+        ("h1", "x1"),
+        ("h2", "x2"),
+    ]  # files in order
+    assert hub.calls == [("someone/set", "cfg", "test")]
+    write(tmp_path / "data", {"someone/set/cfg/test.jsonl": rows(1)})
+    local = one(tmp_path, yaml, hub=hub, data_dir=tmp_path / "data")
+    assert [q(i) for i in local.items] == ["question 0"] and len(hub.calls) == 1  # a local copy wins
+    c4 = "task: t\ndataset_path: someone/set\ndataset_kwargs: {data_files: {test: en/part.json}}\ntest_split: test\ndoc_to_text: q\ndoc_to_target: a\n"
+    assert [q(i) for i in one(tmp_path, c4, hub=hub).items] == ["r0"]
+    assert hub.calls[-1] == ("someone/set", "en/part.json")
+    with pytest.raises(TaskRefused, match="not a file of the dataset"):
+        one(tmp_path, c4.replace("en/part.json", "../../x.json"), hub=hub)
+
+
+def test_the_real_hub_unreachable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the child process reads it: no network attempt
+    with pytest.raises(TaskDataError, match="hub dataset 'openai/gsm8k'"):
+        read_tasks_isolated(fidelity.TASKS_DIR / "gsm8k/gsm8k.yaml", hub=True, limit=1, timeout=120)
 
 
 # --------------------------------------------------------------------------- refusals

@@ -128,6 +128,7 @@ async def submit_tasks(args: argparse.Namespace, settings: Settings) -> None:
             fewshot_seed=args.fewshot_seed,
             limit=args.limit,
             s3=True,
+            hub=args.hub,
         )
     except TaskError as exc:
         fail(f"rejected {args.task}: {exc}", EXIT_REJECTED)
@@ -211,6 +212,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"the few-shot sampler's seed (lm-eval's --fewshot_random_seed, default {DEFAULT_FEWSHOT_SEED})",
     )
     t.add_argument("--limit", type=int, help="the first N documents of each task (lm-eval's --limit)")
+    t.add_argument(
+        "--hub",
+        action="store_true",
+        help="read hub datasets without a local copy from the Hugging Face hub (its Parquet conversion), "
+        "where the hub is reachable",
+    )
     s.add_argument(
         "--model",
         default=DEFAULT_MODEL,

@@ -33,6 +33,7 @@ from typing import Any
 from evalstream.common.lmeval.config import OutputType, TaskConfig
 from evalstream.common.lmeval.data import DataSource, Fetch, load_splits
 from evalstream.common.lmeval.errors import TaskDataError, TaskError, TaskRefused
+from evalstream.common.lmeval.hub import Hub
 from evalstream.common.lmeval.render import DEFAULT_FEWSHOT_SEED, TaskRenderer
 from evalstream.common.lmeval.tasks import ResolvedTask, resolve
 from evalstream.common.lmeval.yamlfiles import files_sha256
@@ -102,10 +103,11 @@ def render_task(
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED,
     limit: int | None = None,
     fetch: Fetch | None = None,
+    hub: Hub | None = None,
 ) -> RenderedTask:
     cfg = task.config
     shots = cfg.num_fewshot if num_fewshot is None or cfg.num_fewshot == 0 else num_fewshot
-    src = DataSource(task.yaml_dir, roots, data_dir, fetch)
+    src = DataSource(task.yaml_dir, roots, data_dir, fetch, hub)
     try:
         splits = load_splits(cfg, _needed_splits(cfg, shots or 0), src)
         rendered = TaskRenderer(cfg, splits, num_fewshot=num_fewshot, seed=fewshot_seed).render(limit)
@@ -150,6 +152,7 @@ def read_tasks(
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED,
     limit: int | None = None,
     fetch: Fetch | None = None,
+    hub: Hub | None = None,
     on_task: Callable[[RenderedTask], None] | None = None,
 ) -> list[RenderedTask]:
     """Every task `path` names (a task YAML, a group YAML, a folder), rendered. Raises
@@ -167,6 +170,7 @@ def read_tasks(
             fewshot_seed=fewshot_seed,
             limit=limit,
             fetch=fetch,
+            hub=hub,
         )
         if i == 0 and notes:
             rendered.notes.extend(f"not a task, skipped: {n}" for n in notes)

@@ -31,6 +31,7 @@ from typing import Any
 
 from evalstream.common.lmeval.config import TaskConfig
 from evalstream.common.lmeval.errors import TaskDataError, TaskRefused
+from evalstream.common.lmeval.hub import Hub
 
 BUILDERS = ("json", "csv", "parquet")
 EXTENSIONS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -52,6 +53,7 @@ class DataSource:
     roots: tuple[Path, ...]  # local files must lie under one of these (resolved)
     data_dir: Path | None = None  # --data-dir
     fetch: Fetch | None = None
+    hub: Hub | None = None  # --hub: hub names read from the Hugging Face hub (hub.py)
 
 
 def _builder(path: str) -> str | None:
@@ -135,59 +137,90 @@ def _files_splits(files: str | list[str] | dict[str, Any]) -> dict[str, list[str
 def load_splits(cfg: TaskConfig, needed: set[str], src: DataSource) -> dict[str, Split]:
     """The splits of the task's data that `needed` names (missing ones are an error)."""
     path = cfg.dataset_path
-    out: dict[str, Split] = {}
-    if cfg.data_files is not None:
-        by_split = _files_splits(cfg.data_files)
-        if path is None:
-            raise TaskRefused("data_files without a dataset_path (json, csv or parquet)", key="dataset_path")
-        base = src.yaml_dir if path in BUILDERS else _hub_dir(path, src)
-        for split in sorted(needed):
-            if split not in by_split:
-                raise TaskDataError(
-                    f"no split {split!r} in data_files (have {', '.join(by_split)})",
-                    key="dataset_kwargs.data_files",
-                )
-            parts = []
-            for ref in by_split[split]:
-                builder = path if path in BUILDERS else _builder(ref)
-                if builder is None:
-                    raise TaskRefused(f"{ref}: unknown file type", key="dataset_kwargs.data_files")
-                data, name = _read_file(ref, base, src, f"dataset_kwargs.data_files.{split}")
-                parts.append(parse_table(data, builder, name))
-            out[split] = _concat(parts, split)
-        return out
     if path is None:
         raise TaskRefused("no dataset_path", key="dataset_path")
+    if cfg.data_files is not None:
+        return _data_files(cfg, path, needed, src)
     if path in BUILDERS:
         raise TaskRefused(f"dataset_path {path} needs dataset_kwargs.data_files", key="dataset_kwargs")
-    folder = _hub_dir(path, src, cfg.dataset_name)
-    if cfg.dataset_name:
-        folder = folder / cfg.dataset_name
+    _check_name(path, cfg.dataset_name)
+    out: dict[str, Split] = {}
+    folder = src.data_dir / path / (cfg.dataset_name or "") if src.data_dir is not None else None
     for split in sorted(needed):
-        candidates = [folder / f"{split}{ext}" for ext in EXTENSIONS]
-        found = [c for c in candidates if c.is_file()]
-        if not found:
-            raise TaskDataError(
-                f"no file for split {split!r} of {path}{'/' + cfg.dataset_name if cfg.dataset_name else ''}: "
-                f"expected {folder}/{split}.jsonl (or .json, .parquet, .csv)",
-                key="dataset_path",
-            )
-        file = found[0]
-        kind = _builder(file.name)
-        assert kind is not None
-        out[split] = parse_table(_local(file, src, "dataset_path"), kind, file.name)
+        found = [c for c in (folder / f"{split}{ext}" for ext in EXTENSIONS) if c.is_file()] if folder else []
+        if found:
+            kind = _builder(found[0].name)
+            assert kind is not None
+            out[split] = parse_table(_local(found[0], src, "dataset_path"), kind, found[0].name)
+        elif src.hub is not None:
+            parts = [
+                parse_table(data, "parquet", name)
+                for name, data in src.hub.split_files(path, cfg.dataset_name, split)
+            ]
+            out[split] = _concat(parts, split)
+        else:
+            raise _not_local(path, cfg.dataset_name, split, folder)
     return out
 
 
-def _hub_dir(path: str, src: DataSource, name: str | None = None) -> Path:
-    if src.data_dir is None:
-        raise TaskDataError(
-            f"{path!r} is a Hugging Face hub dataset, and the hub is not read from here: download its "
-            f"splits as files and pass --data-dir DIR with DIR/{path}/{name + '/' if name else ''}<split>.jsonl "
-            "(or .json, .parquet, .csv)",
+def _data_files(cfg: TaskConfig, path: str, needed: set[str], src: DataSource) -> dict[str, Split]:
+    assert cfg.data_files is not None
+    by_split = _files_splits(cfg.data_files)
+    out: dict[str, Split] = {}
+    for split in sorted(needed):
+        if split not in by_split:
+            raise TaskDataError(
+                f"no split {split!r} in data_files (have {', '.join(by_split)})",
+                key="dataset_kwargs.data_files",
+            )
+        parts = []
+        for ref in by_split[split]:
+            builder = path if path in BUILDERS else _builder(ref)
+            if builder is None:
+                raise TaskRefused(f"{ref}: unknown file type", key="dataset_kwargs.data_files")
+            key = f"dataset_kwargs.data_files.{split}"
+            if path in BUILDERS:
+                data, name = _read_file(ref, src.yaml_dir, src, key)
+            else:  # files of a hub dataset's repository
+                _check_name(path, None)
+                if Path(ref).is_absolute() or ".." in Path(ref).parts or "://" in ref:
+                    raise TaskRefused(f"{ref}: not a file of the dataset's repository", key=key)
+                local = src.data_dir / path / ref if src.data_dir is not None else None
+                if local is not None and local.is_file():
+                    data, name = _local(local, src, key), local.name
+                elif src.hub is not None:
+                    data, name = src.hub.repo_file(path, ref), Path(ref).name
+                else:
+                    raise _not_local(
+                        path, None, ref, src.data_dir / path if src.data_dir else None, file=True
+                    )
+            parts.append(parse_table(data, builder, name))
+        out[split] = _concat(parts, split)
+    return out
+
+
+def _check_name(path: str, name: str | None) -> None:
+    for value, key in ((path, "dataset_path"), (name, "dataset_name")):
+        if value is None:
+            continue
+        parts = Path(value).parts
+        if Path(value).is_absolute() or ".." in parts or not parts:
+            raise TaskRefused(f"{value!r} is not a dataset name", key=key)
+
+
+def _not_local(
+    path: str, name: str | None, split: str, folder: Path | None, *, file: bool = False
+) -> TaskDataError:
+    """`split` is a split name, or with `file` a file of the dataset's repository."""
+    rel = f"{path}/{name + '/' if name else ''}{split}" + ("" if file else ".jsonl")
+    other = "" if file else " (or .json, .parquet, .csv)"
+    if folder is None:
+        return TaskDataError(
+            f"{path!r} is a Hugging Face hub dataset, and the hub is not read from here: put its files "
+            f"in a folder and pass --data-dir DIR, with DIR/{rel}{other}; or --hub where the hub is reachable",
             key="dataset_path",
         )
-    parts = Path(path).parts
-    if Path(path).is_absolute() or ".." in parts or not parts:
-        raise TaskRefused(f"{path!r} is not a dataset name", key="dataset_path")
-    return src.data_dir / path
+    return TaskDataError(
+        f"no local copy: expected {folder.parent if file else folder}/{Path(rel).name}{other}",
+        key="dataset_path",
+    )

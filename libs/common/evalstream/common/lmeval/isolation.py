@@ -23,6 +23,7 @@ import msgspec
 
 from evalstream.common.lmeval import DEFAULT_FEWSHOT_SEED, RenderedTask, read_tasks
 from evalstream.common.lmeval.errors import TaskDataError, TaskError, TaskRefused
+from evalstream.common.lmeval.hub import HuggingFaceHub
 
 DEFAULT_TIMEOUT_S = 600.0
 MEMORY_BYTES = 8 * 1024**3  # address space of the child
@@ -36,6 +37,7 @@ class Request(msgspec.Struct, frozen=True, kw_only=True):
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED
     limit: int | None = None
     s3: bool = False
+    hub: bool = False
     cpu_s: int = int(DEFAULT_TIMEOUT_S)
     memory_bytes: int = MEMORY_BYTES
 
@@ -64,6 +66,7 @@ def read_tasks_isolated(
     fewshot_seed: int = DEFAULT_FEWSHOT_SEED,
     limit: int | None = None,
     s3: bool = False,
+    hub: bool = False,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> list[RenderedTask]:
     """read_tasks in a child process with time and memory limits."""
@@ -75,6 +78,7 @@ def read_tasks_isolated(
         fewshot_seed=fewshot_seed,
         limit=limit,
         s3=s3,
+        hub=hub,
         cpu_s=int(timeout) + 1,
     )
     try:
@@ -130,6 +134,7 @@ def main() -> int:
             fewshot_seed=request.fewshot_seed,
             limit=request.limit,
             fetch=_fetch_s3() if request.s3 else None,
+            hub=HuggingFaceHub() if request.hub else None,
         )
     except TaskError as exc:
         kind = (
