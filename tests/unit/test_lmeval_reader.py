@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from evalstream.common.graders import GRADERS
 from evalstream.common.lmeval import RenderedTask, TaskDataError, TaskError, TaskRefused, read_tasks
 from evalstream.common.lmeval.filters import apply_pipeline, exact_match, grade, regex_filter
 from evalstream.common.lmeval.isolation import read_tasks_isolated
@@ -617,10 +618,15 @@ def test_task_job_and_manifest_record_the_task() -> None:
         "arc_easy",
     )
     assert mc.task is not None and mc.task.files[0].path == "arc/arc_easy.yaml" and not warnings
-    gen, warnings = task_job(tasks["gsm8k"], base)
-    assert gen.generation.stop == ["Question:", "</s>", "<|im_end|>"]
-    assert any("chat template" in w for w in warnings)
-    assert gen.grader in ("lm_eval", "regex:#### (\\-?[0-9\\.\\,]+)")
+    if "lm_eval" in GRADERS:
+        assert task_job(tasks["gsm8k"], base)[0].grader == "lm_eval"
+    else:  # never graded otherwise without the user saying so
+        with pytest.raises(TaskRefused, match="pass --grader") as info:
+            task_job(tasks["gsm8k"], base)
+        assert info.value.key == "output_type"
+    gen, warnings = task_job(tasks["gsm8k"], base, grader="exact")
+    assert gen.grader == "exact" and gen.generation.stop == ["Question:", "</s>", "<|im_end|>"]
+    assert any("chat template" in w for w in warnings) and any("not lm-eval's filters" in w for w in warnings)
     roll, _ = task_job(tasks["pile_10k"], base)
     assert roll.grader == "perplexity"
 

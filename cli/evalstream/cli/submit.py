@@ -150,7 +150,10 @@ async def submit_tasks(args: argparse.Namespace, settings: Settings) -> None:
                 f"evalctl: warning: {task.name}: --grader applies to generate_until tasks only",
                 file=sys.stderr,
             )
-        job, warnings = task_job(task, base, grader=grader)
+        try:
+            job, warnings = task_job(task, base, grader=grader)
+        except TaskError as exc:
+            fail(f"rejected {args.task}: {exc}", EXIT_REJECTED)
         for w in warnings:
             print(f"evalctl: warning: {w}", file=sys.stderr)
         filename = re.sub(r"[^A-Za-z0-9._-]", "_", task.name)[:100] + ".jsonl"  # part of an S3 key

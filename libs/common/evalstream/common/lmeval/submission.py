@@ -5,13 +5,12 @@ the job's, its YAML files the job's `task` (recorded in the run manifest)."""
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import msgspec
 
 from evalstream.common.datasets import write_stored_copy
 from evalstream.common.graders import GRADERS
-from evalstream.common.lmeval import GENERATION_GRADER, RenderedTask
+from evalstream.common.lmeval import GENERATION_GRADER, RenderedTask, TaskRefused
 from evalstream.common.messages import GenerationParams, Item, JobSpec
 
 RAW_PROMPT_WARNING = (
@@ -27,24 +26,23 @@ def dataset_bytes(items: list[Item]) -> bytes:
     return buf.getvalue()
 
 
-def generation_grader(task: RenderedTask) -> tuple[str, list[str]]:
-    """The grader of a generate_until task's run, and warnings: `lm_eval` (lm-eval's filters
-    and exact_match) where it is registered, else the nearest existing one, named as such."""
+def generation_grader(task: RenderedTask) -> str:
+    """The grader of a generate_until task's run: `lm_eval` (lm-eval's filters and
+    exact_match over the raw answer). Where it is not registered yet, the task is refused: the
+    existing graders would grade it otherwise (evalstream's regex takes the last match and
+    compares normalised text with the whole target, where lm-eval takes the match
+    `group_select` names and first applies the metric's regexes_to_ignore to both; gsm8k's
+    target is the whole worked solution), so the user chooses one with --grader."""
     if GENERATION_GRADER in GRADERS:
-        return GENERATION_GRADER, []
-    first: dict[str, Any] = task.filters[0] if task.filters else {"name": "none", "filter": []}
-    regex: dict[str, Any] | None = next((s for s in first["filter"] if s.get("function") == "regex"), None)
-    grader = f"regex:{regex['regex_pattern']}" if regex is not None else "exact"
-    others = [f["name"] for f in task.filters[1:]]
-    return grader, [
-        f"{task.name}: the worker has no {GENERATION_GRADER!r} grader yet (lm-eval's filters and "
-        f"exact_match): graded with {grader!r} instead, filter {first['name']!r} approximated "
-        "(evalstream's regex takes the last match and compares normalised text; lm-eval's takes "
-        f"match {regex['group_select'] if regex else 0} and compares with the task's exact_match options)"
-        + (f"; filters {', '.join(others)} are not graded" if others else "")
-        + f". Each item keeps lm-eval's filters in meta.lm_eval: `evalctl regrade RUN --grader {GENERATION_GRADER}` "
-        "grades them exactly once the grader exists"
-    ]
+        return GENERATION_GRADER
+    raise TaskRefused(
+        f"lm-eval grades it with its filters ({', '.join(f['name'] for f in task.filters)}) and "
+        f"exact_match, the {GENERATION_GRADER!r} grader, which the workers do not have yet: pass "
+        f"--grader to grade with another (the items keep lm-eval's filters in meta.lm_eval; `evalctl "
+        f"regrade RUN --grader {GENERATION_GRADER}` grades them as lm-eval once it exists)",
+        key="output_type",
+        where=task.name,
+    )
 
 
 def task_job(task: RenderedTask, base: JobSpec, *, grader: str | None = None) -> tuple[JobSpec, list[str]]:
@@ -52,8 +50,9 @@ def task_job(task: RenderedTask, base: JobSpec, *, grader: str | None = None) ->
     grader, generation settings and source. `grader` overrides a generate_until task's."""
     warnings = list(task.notes)
     if task.output_type == "generate_until":
-        chosen, why = (grader, []) if grader else generation_grader(task)
-        warnings += why
+        chosen = grader or generation_grader(task)
+        if grader:
+            warnings.append(f"{task.name}: graded with {grader!r}, not lm-eval's filters and exact_match")
         warnings.append(f"{task.name}: {RAW_PROMPT_WARNING}")
         assert task.generation is not None
         generation = msgspec.structs.replace(task.generation, seed=base.generation.seed)
