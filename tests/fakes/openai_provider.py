@@ -1,6 +1,8 @@
 """A fake OpenAI-compatible provider for tests: a real HTTP server on 127.0.0.1, in a thread.
 
-It answers POST <base>/chat/completions. What it answers is up to the test:
+It answers POST <base>/chat/completions, and POST <base>/completions with the prompt's
+log-probabilities (`echo`, `logprobs`, as vLLM does; `prompt_logprobs = False` answers
+without them, as a chat-only provider does). What it answers is up to the test:
 
 * `answer(messages) -> text` gives the content of a normal reply (default: the sum for
   "What is A + B?", else "ok");
@@ -25,6 +27,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _SUM = re.compile(r"What is (-?\d+) \+ (-?\d+)\?")
+_TOKEN = re.compile(r"\s*\S+|\s+")
+
+
+def fake_tokens(text: str) -> list[tuple[str, int]]:
+    """The fake's tokenizer: words with their leading spaces, and their character offsets."""
+    return [(m[0], m.start()) for m in _TOKEN.finditer(text)]
+
+
+def fake_logprob(token: str) -> float:
+    """The fake model's log-probability of a token (after any context): deterministic."""
+    return -(0.5 + (sum(map(ord, token)) % 17) / 4)
+
+
+def fake_is_top(token: str) -> bool:
+    """Whether the fake model's most likely token at that position is this one."""
+    return sum(map(ord, token)) % 3 == 0
 
 
 def sum_answer(messages: list[dict[str, Any]]) -> str:
@@ -67,6 +85,7 @@ class FakeProvider:
         self._window: list[float] = []
         self.in_flight = 0
         self.max_in_flight = 0  # most requests being answered at once
+        self.prompt_logprobs = True  # False: /completions answers without logprobs
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -138,7 +157,15 @@ class FakeProvider:
         if reply is None and self.script is not None:
             reply = self.script(n, body or {})
         reply = reply or Reply()
-        if not h.path.rstrip("/").endswith("/chat/completions"):
+        path = h.path.rstrip("/")
+        route = (
+            "chat"
+            if path.endswith("/chat/completions")
+            else "text"
+            if path.endswith("/completions")
+            else None
+        )
+        if route is None:
             reply = Reply(status=404, raw_body=b'{"error": {"message": "no such route"}}')
         with self._lock:
             self.requests.append(Recorded(n, time.monotonic(), dict(h.headers), body, reply.status))
@@ -147,7 +174,12 @@ class FakeProvider:
             return
         if reply.delay_s:
             self._stopping.wait(reply.delay_s)
-        payload = reply.raw_body if reply.raw_body is not None else self._payload(reply, body or {})
+        if reply.raw_body is not None:
+            payload = reply.raw_body
+        elif route == "text" and reply.status == 200:
+            payload = self._text_payload(body or {})
+        else:
+            payload = self._payload(reply, body or {})
         try:
             h.send_response(reply.status)
             h.send_header("Content-Type", "application/json")
@@ -198,6 +230,41 @@ class FakeProvider:
                 "total_tokens": prompt_tokens + len(text.split()),
             }
         return json.dumps(data).encode()
+
+    def _text_payload(self, body: dict[str, Any]) -> bytes:
+        """A completions answer echoing the prompt with its log-probabilities (max_tokens 0:
+        nothing generated), the first token's None as vLLM's; or, without prompt_logprobs,
+        an answer whose logprobs are null."""
+        prompt = str(body.get("prompt") or "")
+        tokens = fake_tokens(prompt)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": prompt if body.get("echo") else "",
+            "finish_reason": "length",
+        }
+        if self.prompt_logprobs and body.get("echo") and body.get("logprobs") is not None:
+            values = [None if i == 0 else fake_logprob(t) for i, (t, _) in enumerate(tokens)]
+            choice["logprobs"] = {
+                "tokens": [t for t, _ in tokens],
+                "token_logprobs": values,
+                "top_logprobs": [
+                    None if v is None else {t: v} if fake_is_top(t) else {"<other>": v + 0.25}
+                    for (t, _), v in zip(tokens, values, strict=True)
+                ],
+                "text_offset": [o for _, o in tokens],
+            }
+        else:
+            choice["logprobs"] = None
+        usage = {"prompt_tokens": len(tokens), "completion_tokens": 0, "total_tokens": len(tokens)}
+        return json.dumps(
+            {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "model": body.get("model"),
+                "choices": [choice],
+                "usage": usage,
+            }
+        ).encode()
 
 
 def storm(first: int = 0, seconds: float = 0.0, retry_after: float = 1.0) -> Script:

@@ -243,7 +243,10 @@ class TestRegistry:
         assert resolve_grader("exact", Item(id="q", answer="12")) == "exact"
 
     def test_names_aliases_and_arguments(self) -> None:
-        assert set(GRADERS) == {"exact", "numeric", "choice", "regex", "contains", "json", "code", "judge"}
+        assert set(GRADERS) == {
+            *("exact", "numeric", "choice", "regex", "contains", "json", "code", "judge"),
+            *("loglikelihood", "perplexity"),
+        }
         assert set(GRADER_NAMES) == {"auto", *GRADERS, "multiple_choice", "code_exec"}
         assert resolve_grader("code_exec", CODE_ITEM) == "code"
         assert resolve_grader("multiple_choice", Item(id="q")) == "choice"

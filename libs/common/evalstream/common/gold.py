@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from evalstream.common.graders import AUTO, GRADERS, grader_problem, json_path, split_grader
 from evalstream.common.messages import Item
+from evalstream.common.scoring import loglikelihood_problem, perplexity_problem
 
 # --------------------------------------------------------------------------- free text
 
@@ -196,6 +197,8 @@ ITEM_CHECKS: dict[str, Callable[[Item, str | None], str | None]] = {
     "json": json_problem,
     "code": code_problem,
     "judge": judge_problem,
+    "loglikelihood": loglikelihood_problem,
+    "perplexity": perplexity_problem,
 }
 assert set(ITEM_CHECKS) == set(GRADERS), "every registered grader has its item check"
 

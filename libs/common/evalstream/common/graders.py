@@ -12,6 +12,10 @@ A grader SPEC is a name, or `name:argument` for the graders that take one:
     regex:<pattern>     the pattern to find in the response (else meta.regex, else the gold answer)
     json:<field.path>   the field of the response's JSON to compare (else meta.json_field)
     judge:<model SPEC>  the model that grades with a rubric (meta.rubric, else a default one)
+
+`loglikelihood` and `perplexity` score instead of generating (lm-eval's multiple_choice /
+loglikelihood and loglikelihood_rolling output types; evalstream.common.scoring): the engine
+scores the item's raw question, to which no template is applied. "auto" never picks them.
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ GRADERS: dict[str, GraderInfo] = {  # by canonical name
         auto=True,
     ),
     "judge": GraderInfo("1", argument="required", argument_hint="model SPEC"),
+    # log-likelihood scoring (evalstream.common.scoring): the raw question, no template
+    "loglikelihood": GraderInfo("1"),
+    "perplexity": GraderInfo("1"),
 }
 
 AUTO = "auto"

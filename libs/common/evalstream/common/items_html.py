@@ -20,6 +20,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from evalstream.common import scoring
 from evalstream.common.items import (
     CELL_CHARS,
     MAX_COUNTED,
@@ -244,6 +245,53 @@ def _pre(field_name: str, text: str | None, empty: str = "(none)") -> str:
     return f"<pre class='t' data-field='{field_name}'>{_e(text)}</pre>"
 
 
+def _num(value: float | None, digits: int = 6) -> str:
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def scores_section(evidence: scoring.ScoreEvidence) -> str:
+    """A scoring grader's reading: each choice with its log-likelihood (marked: gold, the
+    pick by log-likelihood, the pick per character), or a document's log-likelihood."""
+    if evidence.choices is None:
+        words, n_bytes, ll = evidence.words or 0, evidence.bytes or 0, evidence.loglikelihood or 0.0
+        metrics = scoring.rolling_metrics(ll, words, n_bytes)
+        rows = [
+            ("log-likelihood", _num(evidence.loglikelihood, 10)),
+            ("tokens scored", evidence.tokens),
+            ("words / UTF-8 bytes", f"{words} / {n_bytes}"),
+            ("word perplexity", _num(metrics["word_perplexity"])),
+            ("byte perplexity", _num(metrics["byte_perplexity"])),
+            ("bits per byte", _num(metrics["bits_per_byte"])),
+        ]
+        body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
+        return f"<h2>Scores</h2><table class='meta' id='scores'>{body}</table>"
+    out = [
+        "<h2>Choices, by log-likelihood</h2>"
+        f"<p class='sub'>each scored as the target delimiter {_e(repr(evidence.target_delimiter))} and the "
+        "choice after the question; acc picks the highest log-likelihood, acc_norm the highest per character</p>"
+        "<table class='items' id='choices'><tr><th>#</th><th>choice</th><th>log-likelihood</th>"
+        "<th>per character</th><th>tokens</th><th>greedy</th><th></th></tr>"
+    ]
+    for i, c in enumerate(evidence.choices):
+        marks = [
+            m
+            for m, on in (
+                ("gold", i == evidence.gold),
+                ("acc pick", i == evidence.pred),
+                ("acc_norm pick", i == evidence.pred_norm),
+            )
+            if on
+        ]
+        more = f"<span class='more'> … {c.chars} chars</span>" if c.chars > len(c.text) else ""
+        out.append(
+            f"<tr class='choice{' gold' if i == evidence.gold else ''}'><td>{i}</td><td class='t'>{_e(c.text)}{more}</td>"
+            f"<td>{_e(_num(c.loglikelihood, 8))}</td><td>{_e(_num(c.per_char))}</td><td>{_e(c.tokens)}</td>"
+            f"<td>{'yes' if c.is_greedy else 'no'}</td><td>{_e(', '.join(marks))}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
+
+
 def item_sections(item: Mapping[str, Any], *, answer_url: str | None = None) -> str:
     """Everything stored of one item: what was asked, answered and judged, and why."""
     response = item.get("response")
@@ -279,6 +327,10 @@ def item_sections(item: Mapping[str, Any], *, answer_url: str | None = None) -> 
         "<h2>Grader detail</h2>" + _pre("detail", item.get("detail")),
         "<h2>Grading evidence (test output)</h2>" + _pre("evidence", item.get("evidence")),
     ]
+    scores = scoring.read_evidence(item.get("evidence"))
+    if scores is not None:  # the choices' table instead of the raw JSON
+        sections[-1] = scores_section(scores)
+        sections[4] = "<h2>Scores as the engine returned them</h2>" + answer
     if item.get("error") is not None:
         sections.insert(1, "<h2>Error (last attempt)</h2>" + _pre("error", item.get("error")))
     return "".join(sections)

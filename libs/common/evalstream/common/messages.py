@@ -195,6 +195,16 @@ class ItemResult(msgspec.Struct, frozen=True, kw_only=True):
     prompt: str | None = None  # as rendered for the engine
     detail: str | None = None  # the grader's reason (why wrong, how matched)
     evidence: str | None = None  # what the grader saw run (a code test's output)
+    # Log-likelihood scoring (graders `loglikelihood` and `perplexity`, evalstream.common.scoring;
+    # None for generated answers). The engine's per-choice log-likelihoods are the response
+    # (JSON), the grader's reading of them the evidence (JSON).
+    # acc_norm: the choice of highest log-likelihood per character is the gold one
+    correct_norm: bool | None = None
+    # of the gold continuation (loglikelihood), of the document (perplexity)
+    loglikelihood: float | None = None
+    # perplexity: the document's words and UTF-8 bytes (lm-eval's weights)
+    doc_words: int | None = None
+    doc_bytes: int | None = None
 
     @property
     def failed(self) -> bool:

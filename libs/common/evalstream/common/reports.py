@@ -3,6 +3,14 @@
 accuracy = mean score over *all* items, a failed item scoring 0, so that failures can
 never flatter a model; `accuracy_answered` gives the mean over the items that got an
 answer. Both are recomputable from `evalctl results`.
+
+A run graded by log-likelihood scoring (evalstream.common.scoring) also gets lm-eval's
+metrics under `scores`, over its scored items (failed ones are in `failed`): for the
+`loglikelihood` grader acc and, for items of two choices or more, acc_norm, each with
+lm-eval's standard error and a normal 95 % interval, and for one-continuation items
+perplexity = exp(-mean log-likelihood); for the `perplexity` grader word_perplexity,
+byte_perplexity and bits_per_byte (lm-eval's weighted aggregations over words and bytes).
+A perplexity run has no accuracy (None): nothing in it is right or wrong.
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+
+from evalstream.common import scoring
 
 _TOTALS = """
 SELECT count(*) AS n,
@@ -61,6 +71,60 @@ def _iso(t: datetime | None) -> str | None:
     return t.isoformat() if t else None
 
 
+_SCORES = """
+SELECT count(*) FILTER (WHERE error IS NULL) AS scored,
+       coalesce(sum(score) FILTER (WHERE error IS NULL AND correct_norm IS NOT NULL), 0) AS mc_acc_sum,
+       count(*) FILTER (WHERE error IS NULL AND correct_norm IS NOT NULL) AS mc_n,
+       count(*) FILTER (WHERE error IS NULL AND correct_norm) AS mc_norm_sum,
+       coalesce(sum(score) FILTER (WHERE error IS NULL AND correct_norm IS NULL
+                                   AND loglikelihood IS NOT NULL AND doc_words IS NULL), 0) AS one_acc_sum,
+       count(*) FILTER (WHERE error IS NULL AND correct_norm IS NULL
+                        AND loglikelihood IS NOT NULL AND doc_words IS NULL) AS one_n,
+       coalesce(sum(loglikelihood) FILTER (WHERE error IS NULL AND correct_norm IS NULL
+                                           AND doc_words IS NULL), 0) AS one_ll_sum,
+       count(*) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL) AS docs,
+       coalesce(sum(loglikelihood) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS doc_ll_sum,
+       coalesce(sum(doc_words) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS words,
+       coalesce(sum(doc_bytes) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS bytes
+FROM item_results WHERE run_id = $1
+"""
+
+
+async def scores_summary(
+    conn: asyncpg.Connection | asyncpg.Pool, run_id: str, grader: str
+) -> dict[str, Any] | None:
+    """lm-eval's metrics of a log-likelihood run (the module's docstring), None for a run of
+    another grader."""
+    name = grader.partition(":")[0]
+    if name not in scoring.SCORING_GRADERS:
+        return None
+    r = await conn.fetchrow(_SCORES, run_id)
+    assert r is not None
+    return scores_from_sums(name, dict(r))
+
+
+def scores_from_sums(grader: str, r: dict[str, Any]) -> dict[str, Any]:
+    """The `scores` section from the per-run sums of _SCORES (pure: unit-tested)."""
+    if grader == scoring.PERPLEXITY:
+        return {
+            "grader": grader,
+            "documents": r["docs"],
+            "words": r["words"],
+            "bytes": r["bytes"],
+            "loglikelihood": r["doc_ll_sum"],
+            **scoring.rolling_metrics(r["doc_ll_sum"], r["words"], r["bytes"]),
+        }
+    out: dict[str, Any] = {"grader": grader, "scored": r["scored"]}
+    if r["mc_n"]:
+        out["acc"] = scoring.mean_with_interval(r["mc_acc_sum"], r["mc_n"])
+        out["acc_norm"] = scoring.mean_with_interval(r["mc_norm_sum"], r["mc_n"])
+    if r["one_n"]:
+        # one continuation per item (lm-eval's loglikelihood output type): acc = greedy
+        out["acc_greedy" if r["mc_n"] else "acc"] = scoring.mean_with_interval(r["one_acc_sum"], r["one_n"])
+        out["perplexity"] = scoring.perplexity_of_mean(r["one_ll_sum"], r["one_n"])
+    return out
+
+
 async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dict[str, Any]:
     run = await conn.fetchrow("SELECT * FROM runs WHERE run_id = $1", run_id)
     if run is None:
@@ -75,6 +139,8 @@ async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dic
             for r in rows
         }
     total = run["total"] or 0
+    scores = await scores_summary(conn, run_id, run["grader"] or "")
+    perplexity_run = scores is not None and scores["grader"] == scoring.PERPLEXITY
     started = run["published_at"] or run["created_at"]
     elapsed = (t["last_recorded"] - started).total_seconds() if t["last_recorded"] and started else 0.0
     return {
@@ -85,8 +151,8 @@ async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dic
         "recorded": t["n"],
         "succeeded": t["succeeded"],
         "failed": t["failed"],
-        "accuracy": _ratio(t["score_sum"], total),
-        "accuracy_answered": _ratio(t["answered_score_sum"], t["succeeded"]),
+        "accuracy": None if perplexity_run else _ratio(t["score_sum"], total),
+        "accuracy_answered": None if perplexity_run else _ratio(t["answered_score_sum"], t["succeeded"]),
         "latency_ms": {"p50": t["p50"], "p95": t["p95"], "p99": t["p99"]},
         "items_per_s": round(t["n"] / elapsed, 3) if elapsed > 0 else None,
         "duration_s": round(elapsed, 3),
@@ -101,6 +167,7 @@ async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dic
         "by_category": breakdown["category"],
         "by_served_by": breakdown["served_by"],
         "served_revisions": await served_revisions(conn, run_id),
+        **({"scores": scores} if scores is not None else {}),
         "created_at": _iso(run["created_at"]),
         "completed_at": _iso(run["completed_at"]),
     }

@@ -33,6 +33,12 @@ COLUMN_TYPES: dict[str, tuple[str, pa.DataType]] = {
     "prompt": ("text", pa.string()),
     "detail": ("text", pa.string()),
     "evidence": ("text", pa.string()),
+    # log-likelihood scoring (migration 007; evalstream.common.scoring): what a run's acc_norm
+    # and perplexities are computed from (the per-choice scores are the response, as JSON)
+    "correct_norm": ("boolean", pa.bool_()),
+    "loglikelihood": ("float8", pa.float64()),
+    "doc_words": ("int4", pa.int32()),
+    "doc_bytes": ("int8", pa.int64()),
 }
 RESULT_COLUMNS = tuple(COLUMN_TYPES)  # what the aggregator writes, to PostgreSQL and S3
 # One record per item as `evalctl results` gives it (DESIGN.md's command table), plus the category.

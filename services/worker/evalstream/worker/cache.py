@@ -1,10 +1,19 @@
-"""The answer cache, shared by every worker through PostgreSQL."""
+"""The answer cache, shared by every worker through PostgreSQL.
+
+It also holds log-likelihood scores (one per scoring request: a choice's continuation, or a
+document), under keys of their own kind (keys.score_cache_key), as a small JSON record in
+the response column (score_entry / score_from_entry).
+"""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 import asyncpg
+
+from evalstream.worker.engines.base import LLOutput
 
 
 @dataclass(frozen=True)
@@ -42,3 +51,25 @@ class AnswerCache:
                 for k, m, a in entries
             ],
         )
+
+
+def score_entry(out: LLOutput) -> CachedAnswer:
+    """A score as a cache entry (floats written so that they read back bit for bit)."""
+    record = {
+        "loglikelihood": out.loglikelihood,
+        "is_greedy": out.is_greedy,
+        "truncated": out.truncated,
+    }
+    return CachedAnswer(json.dumps(record), out.prompt_tokens, out.scored_tokens)
+
+
+def score_from_entry(entry: CachedAnswer) -> LLOutput | None:
+    """The score of a cache entry, or None for one that is not a score (a miss then)."""
+    try:
+        record = json.loads(entry.response)
+        ll, greedy, truncated = record["loglikelihood"], record["is_greedy"], record["truncated"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(ll, float | int) or isinstance(ll, bool) or math.isnan(ll) or not isinstance(greedy, bool):
+        return None
+    return LLOutput(float(ll), greedy, entry.prompt_tokens, entry.completion_tokens, bool(truncated))

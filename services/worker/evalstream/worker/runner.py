@@ -5,6 +5,13 @@ plans length-sorted batches of the misses under the token budget, runs the engin
 event loop, and grades the answers. Items whose engine call failed come back as transient
 (to retry) or permanent (to dead-letter) failures. A regrade's shard carries its answers
 (`Shard.answers`): they are graded as they are, with no engine and no cache.
+
+Items graded by a scoring grader (`loglikelihood`, `perplexity`: evalstream.common.scoring)
+are scored instead of answered: one engine request per choice (the raw question as the
+context, the target delimiter and the choice as the continuation; no template, no system
+prompt) or one for the document, each cached under its own score key, planned in batches by
+length under the same token budget; the item's scores, as JSON, are its response, which its
+grader reads.
 """
 
 from __future__ import annotations
@@ -12,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import asyncpg
 import msgspec
 
-from evalstream.common import evidence, telemetry
-from evalstream.common.keys import cache_key
+from evalstream.common import evidence, scoring, telemetry
+from evalstream.common.keys import cache_key, score_cache_key
 from evalstream.common.messages import Item, ItemResult, Shard, StoredAnswer
 from evalstream.common.metrics import (
     BATCH_SIZE,
@@ -33,8 +40,18 @@ from evalstream.common.metrics import (
 )
 from evalstream.common.settings import WorkerSettings
 from evalstream.worker.batching import padding_ratio, plan_batches
-from evalstream.worker.cache import AnswerCache, CachedAnswer
-from evalstream.worker.engines.base import Engine, EngineError, GenOutput, GenRequest, TransientEngineError
+from evalstream.worker.cache import AnswerCache, CachedAnswer, score_entry, score_from_entry
+from evalstream.worker.engines.base import (
+    Engine,
+    EngineError,
+    GenOutput,
+    GenRequest,
+    LLOutput,
+    LLRequest,
+    PermanentEngineError,
+    RollingRequest,
+    TransientEngineError,
+)
 from evalstream.worker.grading import get_grader, resolve_grader
 from evalstream.worker.grading.base import Grade
 from evalstream.worker.grading_pool import GradeTask, GradingPool, GradingUnavailable
@@ -78,6 +95,35 @@ class _Pending:
 
 
 @dataclass
+class _Scoring:
+    """An item graded by a scoring grader: its engine requests (one per choice, or the
+    document) and what became of each."""
+
+    shard: Shard
+    item: Item
+    grader: str
+    engine: Engine
+    prompt: str  # the raw context (or document), as the result records the prompt
+    rolling: bool
+    requests: list[LLRequest] | list[RollingRequest]
+    tokens: list[int]  # per request, for batching by length
+    keys: list[str | None]  # None: not cacheable
+    outputs: list[LLOutput | None] = field(default_factory=list)
+    hits: list[bool] = field(default_factory=list)
+    error: EngineError | None = None
+
+    def __post_init__(self) -> None:
+        self.outputs = [None] * len(self.requests)
+        self.hits = [False] * len(self.requests)
+
+    def fail(self, error: EngineError) -> None:
+        """Keeps the first permanent error, else the first one: one permanent failure of a
+        choice fails the item for good."""
+        if self.error is None or (self.error.transient and not error.transient):
+            self.error = error
+
+
+@dataclass
 class _Stored:
     """An item of a regrade: its recorded answer, to grade again."""
 
@@ -85,6 +131,10 @@ class _Stored:
     item: Item
     grader: str
     answer: StoredAnswer
+
+
+Graded = _Pending | _Stored | _Scoring
+Answered = tuple[Graded, CachedAnswer, float, bool, bool]  # (item, answer, latency ms, cache hit, truncated)
 
 
 @dataclass
@@ -139,14 +189,14 @@ class ModelRunner:
         outcome = Outcome(results={s.shard_id: [] for s in shards})
         stored = self._stored_answers([s for s in shards if s.answers is not None], outcome)
         shards = [s for s in shards if s.answers is None]
-        pending = await asyncio.to_thread(self._prepare, shards, outcome)
+        pending, scorings = await asyncio.to_thread(self._prepare, shards, outcome)
         # a shard that bypasses the cache (a reproduction) never reads it, even for a key
         # that another shard of the same round looked up
         readers = [p for p in pending if p.key and not p.shard.bypass_cache]
         hits = await self._cache_lookup([p.key for p in readers if p.key])
         cached = {id(p) for p in readers if p.key in hits}
         misses = [p for p in pending if id(p) not in cached]
-        answered: list[tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]] = [
+        answered: list[Answered] = [
             (p, hits[p.key], 0.0, True, False) for p in readers if id(p) in cached and p.key
         ]
         answered += [
@@ -205,6 +255,8 @@ class ModelRunner:
                 TOKENS.labels(direction="out").inc(tokens_out)
                 self.recent_tokens += tokens_out
         await self._cache_store(fresh)
+        if scorings:
+            answered += await self._score_all(scorings, outcome)
         started = time.monotonic()
         graded, ungraded = await asyncio.to_thread(self._grade_all, answered)
         outcome.failures += ungraded
@@ -231,6 +283,154 @@ class ModelRunner:
             error = f"engine {engine.name} returned {len(outputs)} outputs for {len(requests)} requests"
             return [TransientEngineError(error) for _ in requests]
         return outputs
+
+    # ---- log-likelihood scoring
+
+    async def _score_all(self, scorings: list[_Scoring], outcome: Outcome) -> list[Answered]:
+        """Scores every request of the scoring items (cache first), then each item's scores
+        as its answer; an item with a failed request fails."""
+        readers = [(s, j) for s in scorings if not s.shard.bypass_cache for j, k in enumerate(s.keys) if k]
+        hits = await self._cache_lookup([k for s, j in readers if (k := s.keys[j])])
+        for s, j in readers:
+            entry = hits.get(s.keys[j] or "")
+            cached = score_from_entry(entry) if entry is not None else None
+            if cached is not None:
+                s.outputs[j], s.hits[j] = cached, True
+        groups: dict[tuple[int, bool], list[tuple[_Scoring, int]]] = {}
+        for s in scorings:
+            for j, out in enumerate(s.outputs):
+                if out is None:
+                    groups.setdefault((id(s.engine), s.rolling), []).append((s, j))
+        fresh: list[tuple[str, str, CachedAnswer]] = []
+        for group in groups.values():
+            fresh += await self._score_group(group)
+        await self._cache_store(fresh)
+        answered: list[Answered] = []
+        for s in scorings:
+            if s.error is not None:
+                error = f"{type(s.error).__name__}: {s.error}"
+                outcome.failures.append(Failure(s.shard, s.item, error, s.error.transient))
+                self.recent_errors += 1
+                continue
+            outputs = [o for o in s.outputs if o is not None]
+            if len(outputs) != len(s.requests):
+                outcome.failures.append(Failure(s.shard, s.item, "TransientEngineError: no score", True))
+                continue
+            record: scoring.ChoiceScores | scoring.RollingScore
+            if s.rolling:
+                record = scoring.RollingScore(
+                    loglikelihood=outputs[0].loglikelihood, tokens=outputs[0].scored_tokens
+                )
+            else:
+                record = scoring.ChoiceScores(
+                    loglikelihoods=[o.loglikelihood for o in outputs],
+                    is_greedy=[o.is_greedy for o in outputs],
+                    tokens=[o.scored_tokens for o in outputs],
+                )
+            answer = CachedAnswer(
+                scoring.encode_scores(record),
+                sum(o.prompt_tokens for o in outputs),
+                sum(o.scored_tokens for o in outputs),
+            )
+            latency = max(o.latency_ms for o in outputs)
+            answered.append((s, answer, latency, all(s.hits), any(o.truncated for o in outputs)))
+        return answered
+
+    async def _score_group(self, group: list[tuple[_Scoring, int]]) -> list[tuple[str, str, CachedAnswer]]:
+        """The requests of one engine and kind, in batches by length under the engine's token
+        budget; returns the fresh cache entries."""
+        engine, rolling = group[0][0].engine, group[0][0].rolling
+        token_budget, max_items = self.config.batch_limits(engine.name, engine.device)
+        plan = (
+            [list(range(len(group)))]
+            if getattr(engine, "schedules_itself", False)
+            else plan_batches([s.tokens[j] for s, j in group], token_budget=token_budget, max_items=max_items)
+        )
+        fresh: list[tuple[str, str, CachedAnswer]] = []
+        for batch_idx in plan:
+            batch = [group[i] for i in batch_idx]
+            BATCH_SIZE.observe(len(batch))
+            ENGINE_REQUESTS.labels(model=engine.name).inc(len(batch))
+            PADDING_RATIO.observe(padding_ratio([s.tokens[j] for s, j in batch]))
+            requests = [s.requests[j] for s, j in batch]
+            started = time.monotonic()
+            with telemetry.engine_span(
+                batch[0][0].shard.model, batch[0][0].shard.generation, len(batch)
+            ) as span:
+                outputs = await asyncio.to_thread(self._score, engine, rolling, requests)
+                telemetry.record_usage(span, outputs)
+            elapsed = time.monotonic() - started
+            self.busy_s += elapsed
+            ENGINE_BUSY_SECONDS.inc(elapsed)
+            STAGE_LATENCY.labels(stage="engine").observe(elapsed)
+            tokens_in = 0
+            for (s, j), out in zip(batch, outputs, strict=True):
+                if isinstance(out, EngineError):
+                    s.fail(out)
+                    continue
+                if not out.latency_ms:
+                    out = LLOutput(
+                        out.loglikelihood,
+                        out.is_greedy,
+                        out.prompt_tokens,
+                        out.scored_tokens,
+                        out.truncated,
+                        elapsed * 1000,
+                    )
+                s.outputs[j] = out
+                tokens_in += out.prompt_tokens
+                if (key := s.keys[j]) is not None:
+                    fresh.append((key, engine.name, score_entry(out)))
+            TOKENS.labels(direction="in").inc(tokens_in)
+        return fresh
+
+    @staticmethod
+    def _score(
+        engine: Engine, rolling: bool, requests: Sequence[LLRequest | RollingRequest]
+    ) -> list[LLOutput | EngineError]:
+        """Like _generate: an engine that raises fails its requests transiently; one that
+        does not score at all fails them for good."""
+        method = getattr(engine, "loglikelihood_rolling" if rolling else "loglikelihood", None)
+        if method is None:
+            why = f"engine {engine.name} does not score log-likelihoods"
+            return [PermanentEngineError(why) for _ in requests]
+        try:
+            outputs: list[LLOutput | EngineError] = method(list(requests))
+        except Exception as exc:
+            log.exception("engine %s raised on a scoring batch of %d", engine.name, len(requests))
+            return [TransientEngineError(f"{type(exc).__name__}: {exc}") for _ in requests]
+        if len(outputs) != len(requests):
+            error = f"engine {engine.name} returned {len(outputs)} scores for {len(requests)} requests"
+            return [TransientEngineError(error) for _ in requests]
+        return outputs
+
+    def _scoring(self, shard: Shard, item: Item, grader: str, engine: Engine, model: str) -> _Scoring:
+        """The scoring requests of an item (raises ValueError for one that cannot be scored)."""
+        rolling = grader == scoring.PERPLEXITY
+        problem = (scoring.perplexity_problem if rolling else scoring.loglikelihood_problem)(item)
+        if problem:
+            raise ValueError(problem)
+        context = item.question or ""
+        requests: list[LLRequest] | list[RollingRequest]
+        if rolling:
+            requests = [RollingRequest(item.id, context, attempt=shard.attempt)]
+            kind = f"loglikelihood_rolling/{getattr(engine, 'context_window', 0)}"
+            pairs = [("", context)]
+        else:
+            conts = scoring.continuations(item)
+            requests = [
+                LLRequest(item.id, context, c, index=i, attempt=shard.attempt) for i, c in enumerate(conts)
+            ]
+            kind = "loglikelihood"
+            pairs = [(context, c) for c in conts]
+        keys: list[str | None] = [
+            score_cache_key(model=model, model_revision=engine.revision, kind=kind, context=c, continuation=t)
+            if engine.cacheable
+            else None
+            for c, t in pairs
+        ]
+        tokens = [max(1, engine.count_tokens(c + t)) for c, t in pairs]
+        return _Scoring(shard, item, grader, engine, context, rolling, requests, tokens, keys)
 
     async def _cache_lookup(self, keys: list[str]) -> dict[str, CachedAnswer]:
         """The cache only saves work: while PostgreSQL is unreachable, everything is a miss."""
@@ -265,8 +465,9 @@ class ModelRunner:
                     outcome.failures.append(Failure(shard, item, f"{type(exc).__name__}: {exc}", False))
         return out
 
-    def _prepare(self, shards: list[Shard], outcome: Outcome) -> list[_Pending]:
+    def _prepare(self, shards: list[Shard], outcome: Outcome) -> tuple[list[_Pending], list[_Scoring]]:
         pending = []
+        scorings: list[_Scoring] = []
         for shard in shards:
             # the router's SLA fallback may hand the shard to a lighter model than requested
             model = shard.served_model or shard.model
@@ -275,6 +476,9 @@ class ModelRunner:
                 try:
                     engine = self.engine_for(model)
                     grader = resolve_grader(shard.grader, item)
+                    if grader in scoring.SCORING_GRADERS:
+                        scorings.append(self._scoring(shard, item, grader, engine, model))
+                        continue
                     messages = build_messages(shard, item, grader)
                     prompt = engine.render_prompt(messages)
                     n_tokens = engine.count_tokens(prompt)
@@ -297,11 +501,9 @@ class ModelRunner:
                     )
                 request = GenRequest(item_id=item.id, messages=messages, params=gen, attempt=shard.attempt)
                 pending.append(_Pending(shard, item, grader, engine, request, prompt, n_tokens, key))
-        return pending
+        return pending, scorings
 
-    def _grade_all(
-        self, answered: list[tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]]
-    ) -> tuple[list[ItemResult], list[Failure]]:
+    def _grade_all(self, answered: list[Answered]) -> tuple[list[ItemResult], list[Failure]]:
         blocking = [e for e in answered if e[0].grader.split(":", 1)[0] in BLOCKING_GRADERS]
         strings = [e for e in answered if e[0].grader.split(":", 1)[0] not in BLOCKING_GRADERS]
         if self.grading is None:
@@ -315,9 +517,7 @@ class ModelRunner:
             graded += self._grading_pool.map(self._grade_one, blocking)
         return [g for g in graded if isinstance(g, ItemResult)], [g for g in graded if isinstance(g, Failure)]
 
-    def _grade_in_pool(
-        self, pool: GradingPool, entries: list[tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]]
-    ) -> list[ItemResult | Failure]:
+    def _grade_in_pool(self, pool: GradingPool, entries: list[Answered]) -> list[ItemResult | Failure]:
         """Graded in the pool's processes. A reply's error (a grader that failed, overran its
         deadline or crashed) fails its item for good: the same answer would do it again."""
         tasks = [GradeTask(e[0].grader, e[1].response, e[0].item) for e in entries]
@@ -332,9 +532,7 @@ class ModelRunner:
             for e, r in zip(entries, replies, strict=True)
         ]
 
-    def _grade_one(
-        self, entry: tuple[_Pending | _Stored, CachedAnswer, float, bool, bool]
-    ) -> ItemResult | Failure:
+    def _grade_one(self, entry: Answered) -> ItemResult | Failure:
         p, answer = entry[0], entry[1]
         try:
             # Graders clean what they read themselves (think blocks, fences): cleaning here
@@ -348,9 +546,7 @@ class ModelRunner:
             return Failure(p.shard, p.item, f"{type(exc).__name__}: {exc}", False)
         return self._result(entry, grade)
 
-    def _result(
-        self, entry: tuple[_Pending | _Stored, CachedAnswer, float, bool, bool], grade: Grade
-    ) -> ItemResult:
+    def _result(self, entry: Answered, grade: Grade) -> ItemResult:
         p, answer, latency_ms, cache_hit, truncated = entry
         if isinstance(p, _Stored):  # a regrade: only the grade is new
             served_by, revision, attempts, prompt = (
@@ -381,6 +577,10 @@ class ModelRunner:
             prompt=evidence.clip(prompt, evidence.MAX_PROMPT_CHARS),
             detail=evidence.clip(grade.detail, evidence.MAX_DETAIL_CHARS),
             evidence=evidence.clip(grade.evidence, evidence.MAX_EVIDENCE_CHARS),
+            correct_norm=grade.correct_norm,
+            loglikelihood=grade.loglikelihood,
+            doc_words=grade.doc_words,
+            doc_bytes=grade.doc_bytes,
         )
 
     def _update_busy(self) -> None:

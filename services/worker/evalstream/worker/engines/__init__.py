@@ -24,7 +24,10 @@ from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
     GenRequest,
+    LLOutput,
+    LLRequest,
     PermanentEngineError,
+    RollingRequest,
     TransientEngineError,
 )
 
@@ -34,8 +37,11 @@ __all__ = [
     "EngineError",
     "GenOutput",
     "GenRequest",
+    "LLOutput",
+    "LLRequest",
     "NotServed",
     "PermanentEngineError",
+    "RollingRequest",
     "TransientEngineError",
     "bundled_model_path",
     "check_served",

@@ -44,10 +44,45 @@ class GenOutput:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LLRequest:
+    """lm-eval's `loglikelihood` request: how likely `continuation` is after `context`, both
+    raw text (no template). `index` is the choice's place in its item (replayed scores are
+    found by item and index)."""
+
+    item_id: str
+    context: str
+    continuation: str
+    index: int = 0
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class RollingRequest:
+    """lm-eval's `loglikelihood_rolling` request: the log-likelihood of a whole document, in
+    windows of the model's context length."""
+
+    item_id: str
+    text: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class LLOutput:
+    loglikelihood: float  # sum of the scored tokens' log-probabilities (natural log)
+    is_greedy: bool  # every scored token is the model's most likely one (False for rolling)
+    prompt_tokens: int = 0  # tokens the model read (context and continuation)
+    scored_tokens: int = 0  # tokens whose log-probabilities are summed
+    truncated: bool = False  # the context was cut from the left to fit the context window
+    latency_ms: float = 0.0
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A loaded model. `generate` is blocking (it runs in a worker thread, off the event
-    loop) and returns one output or one EngineError per request, in order."""
+    loop) and returns one output or one EngineError per request, in order; so do
+    `loglikelihood` and `loglikelihood_rolling`, which score instead of generating (the same
+    request gives the same number whatever else is in its call)."""
 
     name: str  # the model SPEC it serves
     revision: str  # weights hash or API model version: part of the answer-cache key
@@ -61,5 +96,9 @@ class Engine(Protocol):
     def count_tokens(self, text: str) -> int: ...
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]: ...
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]: ...
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]: ...
 
     def close(self) -> None: ...

@@ -10,6 +10,7 @@ torch and transformers are imported lazily so that importing this package stays 
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import json
@@ -25,12 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from evalstream.common.messages import ChatMessage, GenerationParams
+from evalstream.worker.batching import ScorePass, plan_score_passes
 from evalstream.worker.engines import EngineConfigError
 from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
     GenRequest,
+    LLOutput,
+    LLRequest,
     PermanentEngineError,
+    RollingRequest,
     TransientEngineError,
 )
 from evalstream.worker.engines.null import plain_prompt
@@ -175,6 +180,75 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+# ---- log-likelihood scoring, as lm-evaluation-harness 0.4.13 tokenises and windows it ------
+
+
+def encode_pair(
+    encode: Callable[[str], list[int]], context: str, continuation: str
+) -> tuple[list[int], list[int]]:
+    """lm-eval's TemplateLM._encode_pair for a causal model: the context's trailing spaces
+    move to the continuation, context + continuation is encoded whole and the continuation's
+    tokens are what follows the context's own encoding."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces > 0:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    whole = encode(context + continuation)
+    context_ids = encode(context)
+    return context_ids, whole[len(context_ids) :]
+
+
+def rolling_windows(
+    tokens: list[int], prefix_token: int, max_length: int
+) -> list[tuple[list[int], list[int]]]:
+    """lm-eval's get_rolling_token_windows(context_len=1) through make_disjoint_window:
+    (context, tokens to predict) pairs that predict every token once, the first one
+    conditioned on `prefix_token`, each with as much of the preceding text as fits."""
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    out: list[tuple[list[int], list[int]]] = []
+    if not tokens:
+        return out
+    first = min(max_length, len(tokens))
+    windows = [([prefix_token, *tokens[: first - 1]], tokens[:first])]
+    predicted = first
+    while predicted < len(tokens):
+        n = min(len(tokens) - predicted, max_length)
+        end = predicted + n
+        windows.append((tokens[max(0, end - max_length - 1) : end - 1], tokens[end - n : end]))
+        predicted += n
+    for context, predict in windows:  # make_disjoint_window
+        out.append((context[: len(context) - (len(predict) - 1)], predict))
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """One forward pass row: the model's input and the tokens its last positions predict."""
+
+    owner: int  # the request it belongs to
+    ids: list[int]  # (context + continuation)[-(max_length + 1):][:-1], as lm-eval feeds it
+    targets: list[int]  # the continuation, predicted by the last len(targets) positions
+    context_tokens: int  # before truncation
+    truncated: bool
+
+
+def score_row(owner: int, context: list[int], continuation: list[int], max_length: int) -> ScoreRow:
+    """The row lm-eval's _loglikelihood_tokens makes of a (context, continuation) pair, the
+    context cut from the left when the pair is longer than the context window."""
+    if not continuation:
+        raise PermanentEngineError(
+            "the continuation has no tokens of its own (the tokenizer merged it into the context)"
+        )
+    if len(continuation) > max_length:
+        raise PermanentEngineError(
+            f"the continuation's {len(continuation)} tokens exceed the model's context window of {max_length}"
+        )
+    whole = context + continuation
+    ids = whole[-(max_length + 1) :][:-1]
+    return ScoreRow(owner, ids, continuation, len(context), len(whole) > max_length + 1)
+
+
 def sampling_key(params: GenerationParams) -> tuple[Any, ...]:
     """Requests that can share one generate() call: max_tokens and stop strings are applied
     per row, and greedy decoding ignores top_p and seed."""
@@ -194,17 +268,36 @@ class PreparedRequest:
     original_tokens: int  # before truncation
 
 
+# Tokens (rows x padded width) and rows of one scoring pass, per device kind. On the CPU a
+# pass of several short rows reads the weights once instead of once per row (3-8x faster for
+# 10-30 token rows than one row at a time, measured), while rows of 50 tokens and more are
+# no faster together; passes stay small because the rows a call does not fill are computed
+# anyway (plan_score_passes fixes a pass's rows per width). A pass keeps rows x kept
+# positions x vocabulary logits (fp32): at most pass_tokens x vocabulary, or one row's.
+SCORE_PASS_LIMITS = {"cpu": (256, 16), "cuda": (16384, 64)}
+LOG_SOFTMAX_CHUNK = 1024  # positions normalised at once
+
+
 class TokenizerEngine:
     """What every engine driven by a transformers tokenizer shares (hf:, ov:): the prompt
     rendered by the model's chat template, requests checked, tokenised and middle-truncated
     alike, grouped by sampling settings, and a failure of a group turned into a transient
     error of each of its requests. Subclasses set tokenizer, context_window and _lock and
-    generate one group."""
+    generate one group.
+
+    Scoring (`loglikelihood`, `loglikelihood_rolling`) tokenises and windows as lm-eval does
+    (encode_pair, rolling_windows, score_row; the context window is lm-eval's max_length),
+    plans passes by length (plan_score_passes: right-padded rows, no attention mask, as
+    lm-eval feeds them: a row's real tokens never see the padding after them; a pass's shape
+    depends on each of its rows alone) and sums the log-softmax of the continuation's tokens;
+    subclasses run one pass (_score_pass)."""
 
     tokenizer: Any
     context_window: int
     _lock: threading.Lock
     _end_ids: set[int]
+    score_pass_tokens: int = SCORE_PASS_LIMITS["cpu"][0]
+    score_max_rows: int = SCORE_PASS_LIMITS["cpu"][1]
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:
         if not self.tokenizer.chat_template:
@@ -243,6 +336,132 @@ class TokenizerEngine:
 
     def _generate_group(self, group: list[PreparedRequest]) -> Sequence[GenOutput | EngineError]:
         raise NotImplementedError
+
+    # -- scoring --
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        rows: list[ScoreRow] = []
+        errors: dict[int, EngineError] = {}
+        for i, request in enumerate(requests):
+            try:
+                context, continuation = self._score_pair(request.context, request.continuation)
+                rows.append(score_row(i, context, continuation, self.context_window))
+            except EngineError as exc:
+                errors[i] = exc
+            except Exception as exc:  # a tokenizer that rejects the text
+                errors[i] = PermanentEngineError(f"cannot tokenise the request: {type(exc).__name__}: {exc}")
+        return self._score_requests(len(requests), rows, errors)
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        rows: list[ScoreRow] = []
+        errors: dict[int, EngineError] = {}
+        for i, request in enumerate(requests):
+            try:
+                tokens = self._lm_encode(request.text)
+                if not tokens:
+                    raise PermanentEngineError("the document has no tokens")
+                for context, predict in rolling_windows(tokens, self._prefix_token_id(), self.context_window):
+                    rows.append(score_row(i, context, predict, self.context_window))
+            except EngineError as exc:
+                errors[i] = exc
+            except Exception as exc:
+                errors[i] = PermanentEngineError(f"cannot tokenise the document: {type(exc).__name__}: {exc}")
+        return self._score_requests(len(requests), rows, errors)
+
+    def _score_requests(
+        self, n: int, rows: list[ScoreRow], errors: dict[int, EngineError]
+    ) -> list[LLOutput | EngineError]:
+        """Scores the rows and sums them per request (a rolling document has several)."""
+        started = time.perf_counter()
+        scores = self._score_rows(rows)
+        latency_ms = (time.perf_counter() - started) * 1000
+        totals: dict[int, list[Any]] = {}  # request -> [ll, greedy, read, scored, truncated]
+        for row, score in zip(rows, scores, strict=True):
+            if row.owner in errors:
+                continue
+            if isinstance(score, EngineError):
+                errors[row.owner] = score
+                totals.pop(row.owner, None)
+                continue
+            total = totals.setdefault(row.owner, [0.0, True, 0, 0, False])
+            total[0] += score[0]
+            total[1] = total[1] and score[1]
+            total[2] += len(row.ids) + 1
+            total[3] += len(row.targets)
+            total[4] = total[4] or row.truncated
+        out: list[LLOutput | EngineError] = []
+        for i in range(n):
+            if i in errors:
+                out.append(errors[i])
+            elif i in totals:
+                ll, greedy, read, scored, truncated = totals[i]
+                out.append(LLOutput(ll, greedy, read, scored, truncated, latency_ms))
+            else:
+                out.append(TransientEngineError("no score"))
+        return out
+
+    def _score_rows(self, rows: list[ScoreRow]) -> list[tuple[float, bool] | EngineError]:
+        """Every row's (log-likelihood, greedy), in passes whose shape depends on each row
+        alone (plan_score_passes), so that a row's numbers do not depend on the call."""
+        out: list[tuple[float, bool] | EngineError | None] = [None] * len(rows)
+        plan = plan_score_passes(
+            [len(r.ids) for r in rows],
+            [len(r.targets) for r in rows],
+            pass_tokens=self.score_pass_tokens,
+            max_rows=self.score_max_rows,
+            cap=self.context_window,
+        )
+        with self._lock:
+            for score_pass in plan:
+                group = [rows[i] for i in score_pass.rows]
+                try:
+                    scores = split_on_oom(group, functools.partial(self._run_pass, score_pass), self._is_oom)
+                except Exception as exc:  # a bug or a device fault: let the retry path decide
+                    log.exception("scoring failed for a pass of %d rows", len(group))
+                    why = f"scoring failed: {type(exc).__name__}: {exc}"
+                    scores = [TransientEngineError(why) for _ in group]
+                for i, score in zip(score_pass.rows, scores, strict=True):
+                    out[i] = score
+        return [o if o is not None else TransientEngineError("no score") for o in out]
+
+    def _run_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
+        """The pass's rows, filled up to its size with repeats of the first (a half of a pass
+        split after running out of memory keeps the size)."""
+        filled = (
+            [*rows, *[rows[0]] * (score_pass.size - len(rows))] if len(rows) < score_pass.size else list(rows)
+        )
+        return self._score_pass(score_pass, filled)[: len(rows)]
+
+    def _score_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
+        raise NotImplementedError
+
+    def _vocab_size(self) -> int:
+        return max(1, len(self.tokenizer))
+
+    def _is_oom(self, exc: BaseException) -> bool:
+        return _is_oom(exc)
+
+    def _prefix_token_id(self) -> int:
+        """lm-eval's HFLM.prefix_token_id: BOS, else EOS (the first token's condition)."""
+        bos = self.tokenizer.bos_token_id
+        return int(bos if bos is not None else self.tokenizer.eos_token_id)
+
+    def _lm_encode(self, text: str, special: bool | None = None) -> list[int]:
+        """lm-eval's HFLM.tok_encode: the tokenizer's own special tokens (a BOS where it adds
+        one), unless the text already starts with the prefix token."""
+        if special is None:
+            prefix = self.tokenizer.decode([self._prefix_token_id()])
+            special = not (prefix and text.startswith(prefix))
+        ids: list[int] = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        return list(ids)
+
+    def _score_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's TemplateLM.loglikelihood tokenisation, the empty context included."""
+        if context == "":
+            ids = self._lm_encode(continuation, special=False)
+            prefix = self._prefix_token_id()
+            return (ids[:1], ids[1:]) if ids and ids[0] == prefix else ([prefix], ids)
+        return encode_pair(self._lm_encode, context, continuation)
 
     def _output(self, p: PreparedRequest, generated: list[int], latency_ms: float) -> GenOutput:
         """A row's generated ids as the answer: cut at the first end token, the row's own
@@ -314,6 +533,9 @@ class HFEngine(TokenizerEngine):
         self.model_dir, weights_id = resolve_weights(source, cache_dir)
 
         self._device, dtype, self.device = _pick_device(device)
+        self.score_pass_tokens, self.score_max_rows = SCORE_PASS_LIMITS[
+            "cuda" if self._device.type == "cuda" else "cpu"
+        ]
         # the precision changes answers, so it is part of the revision (the cache key)
         self.cacheable = True
         self.revision = f"{weights_id}+{str(dtype).removeprefix('torch.')}"
@@ -391,11 +613,56 @@ class HFEngine(TokenizerEngine):
         latency_ms = (time.perf_counter() - started) * 1000
         return [self._output(p, out[row, width:].tolist(), latency_ms) for row, p in enumerate(batch)]
 
+    def _score_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
+        """One right-padded pass without an attention mask (lm-eval's way), keeping the
+        logits of each row's last `keep` positions only (logits_to_keep as positions)."""
+        import torch
+
+        width, keep = score_pass.width, score_pass.keep
+        input_ids = torch.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+        positions = torch.zeros((len(rows), keep), dtype=torch.long)
+        for row, r in enumerate(rows):
+            input_ids[row, : len(r.ids)] = torch.tensor(r.ids)
+            # the row's last `keep` positions (repeating position 0 where the row is shorter)
+            positions[row] = (torch.arange(keep) + (len(r.ids) - keep)).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=input_ids.to(self._device),
+                logits_to_keep=positions.to(self._device),
+                use_cache=False,
+            ).logits
+            kept = torch.cat([logits[row, keep - len(r.targets) :] for row, r in enumerate(rows)])
+        return sum_logprobs(kept, [r.targets for r in rows])
+
     def _free_memory(self) -> None:
         import torch
 
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def sum_logprobs(logits: Any, targets: Sequence[list[int]]) -> list[tuple[float, bool]]:
+    """(sum of log-softmax at the targets, every target the argmax) per row, from the kept
+    logits of all rows one after the other (positions x vocabulary), as lm-eval computes
+    them: log_softmax over the vocabulary, gathered, summed in one float32 sum per row."""
+    import torch
+
+    out: list[tuple[float, bool]] = []
+    offset = 0
+    for row in targets:
+        wanted = torch.tensor(row, dtype=torch.long, device=logits.device)
+        picked, greedy = [], True
+        for start in range(0, len(row), LOG_SOFTMAX_CHUNK):
+            end = min(start + LOG_SOFTMAX_CHUNK, len(row))
+            chunk = torch.log_softmax(logits[offset + start : offset + end], dim=-1)
+            part = wanted[start:end]
+            picked.append(chunk.gather(1, part[:, None]).squeeze(1))
+            greedy = greedy and bool((chunk.argmax(dim=-1) == part).all())
+        out.append((float(torch.cat(picked).float().sum()), greedy))
+        offset += len(row)
+    if offset != logits.shape[0]:
+        raise RuntimeError(f"{logits.shape[0]} logit rows for {offset} scored positions")
+    return out
 
 
 class _RowStop:

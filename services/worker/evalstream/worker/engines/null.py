@@ -1,9 +1,17 @@
-"""`null`: instant empty answers, to measure the pipeline without any model cost."""
+"""`null`: instant empty answers (and log-likelihoods of 0), to measure the pipeline without
+any model cost."""
 
 from __future__ import annotations
 
 from evalstream.common.messages import ChatMessage
-from evalstream.worker.engines.base import EngineError, GenOutput, GenRequest
+from evalstream.worker.engines.base import (
+    EngineError,
+    GenOutput,
+    GenRequest,
+    LLOutput,
+    LLRequest,
+    RollingRequest,
+)
 
 
 def plain_prompt(messages: list[ChatMessage]) -> str:
@@ -32,6 +40,24 @@ class NullEngine:
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
         return [GenOutput(text="", prompt_tokens=word_count(plain_prompt(r.messages))) for r in requests]
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        """Deterministic zeros (every choice equally likely: the first one wins)."""
+        return [
+            LLOutput(
+                0.0,
+                False,
+                prompt_tokens=word_count(r.context + r.continuation),
+                scored_tokens=word_count(r.continuation),
+            )
+            for r in requests
+        ]
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        return [
+            LLOutput(0.0, False, prompt_tokens=word_count(r.text), scored_tokens=word_count(r.text))
+            for r in requests
+        ]
 
     def close(self) -> None:
         pass

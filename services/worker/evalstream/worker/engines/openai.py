@@ -92,7 +92,10 @@ from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
     GenRequest,
+    LLOutput,
+    LLRequest,
     PermanentEngineError,
+    RollingRequest,
     TransientEngineError,
 )
 from evalstream.worker.engines.null import plain_prompt, word_count
@@ -528,6 +531,7 @@ def request_costs(body: Mapping[str, Any]) -> dict[str, float]:
     """What a request takes from a provider's buckets: one request, and tokens as OpenAI
     counts them on admission (about 4 characters a token of prompt, plus max_tokens)."""
     chars = sum(len(str(m.get("content") or "")) for m in body.get("messages") or [] if isinstance(m, dict))
+    chars += len(str(body.get("prompt") or ""))  # a completions request (log-likelihood scoring)
     return {"requests": 1.0, "tokens": float(math.ceil(chars / 4) + int(body.get("max_tokens") or 0))}
 
 
@@ -691,6 +695,17 @@ class OpenAIEngine:
             return []
         return self._call(self._generate_all(requests))
 
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        """Through the completions endpoint's prompt log-probabilities (openai_scoring.py)."""
+        from evalstream.worker.engines.openai_scoring import loglikelihood_all
+
+        return self._call(loglikelihood_all(self, requests)) if requests else []
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        from evalstream.worker.engines.openai_scoring import rolling_all
+
+        return self._call(rolling_all(self, requests)) if requests else []
+
     def close(self) -> None:
         if self._loop.is_closed():
             return
@@ -709,6 +724,23 @@ class OpenAIEngine:
     async def _complete(self, request: GenRequest) -> GenOutput | EngineError:
         body = request_body(self.config.model, request.messages, request.params)
         started = self._clock()
+        outcome = await self._request(body, "chat/completions", parse_completion)
+        if isinstance(outcome, EngineError):
+            return outcome
+        completion, attempts = outcome
+        return GenOutput(
+            text=completion.text,
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            latency_ms=(self._clock() - started) * 1000,
+            extra={"finish_reason": completion.finish_reason or "", "http_attempts": str(attempts)},
+        )
+
+    async def _request(
+        self, body: dict[str, Any], path: str, parse: Callable[[bytes], T | PermanentEngineError]
+    ) -> tuple[T, int] | EngineError:
+        """POSTs `body` to `path` under the engine's pacing, retrying as the module says:
+        (what `parse` read of the answer, HTTP attempts) or the request's error."""
         last: _Retry | None = None
         attempts = 0
         for retry in range(self.config.max_retries + 1):
@@ -725,25 +757,21 @@ class OpenAIEngine:
                 self.stats["retries"] += 1
                 API_RETRIES.labels(model=self.revision, reason=last.reason).inc()
                 await asyncio.sleep(delay)
-            outcome = await self._attempt(body)
+            outcome = await self._attempt(body, path, parse)
             attempts += 1
-            if isinstance(outcome, Completion):
-                return GenOutput(
-                    text=outcome.text,
-                    prompt_tokens=outcome.prompt_tokens,
-                    completion_tokens=outcome.completion_tokens,
-                    latency_ms=(self._clock() - started) * 1000,
-                    extra={"finish_reason": outcome.finish_reason or "", "http_attempts": str(attempts)},
-                )
             if isinstance(outcome, PermanentEngineError):
                 return outcome
+            if not isinstance(outcome, _Retry):
+                return outcome, attempts
             last = outcome
         assert last is not None
         return TransientEngineError(
             self._redact(f"{self.revision}: {last.reason} after {attempts} attempt(s): {last.detail}")
         )
 
-    async def _attempt(self, body: dict[str, Any]) -> Completion | _Retry | PermanentEngineError:
+    async def _attempt(
+        self, body: dict[str, Any], path: str, parse: Callable[[bytes], T | PermanentEngineError]
+    ) -> T | _Retry | PermanentEngineError:
         if not self._answered.is_set():
             # The first request goes alone: its answer's x-ratelimit-* headers say how much
             # the provider allows before a burst of `concurrency` requests can overrun it.
@@ -760,7 +788,7 @@ class OpenAIEngine:
             try:
                 async with (
                     asyncio.timeout(self.config.timeout_s),
-                    self._client.stream("POST", "chat/completions", json=body) as response,
+                    self._client.stream("POST", path, json=body) as response,
                 ):
                     content = await _read_capped(response, self.config.max_response_bytes)
             except (TimeoutError, httpx.TimeoutException):
@@ -781,7 +809,7 @@ class OpenAIEngine:
                 log.info(
                     "%s: pacing at the provider's limits %s (learned)", self.revision, self.learned.rates()
                 )
-            return self._classify(response, content, epoch, readings, costs)
+            return self._classify(response, content, epoch, readings, costs, parse)
         finally:
             if reservation is not None:
                 self.learned.answered(reservation)
@@ -810,11 +838,12 @@ class OpenAIEngine:
         epoch: int,
         readings: list[LimitReading],
         costs: Mapping[str, float],
-    ) -> Completion | _Retry | PermanentEngineError:
+        parse: Callable[[bytes], T | PermanentEngineError],
+    ) -> T | _Retry | PermanentEngineError:
         status = response.status_code
         if 200 <= status < 300:
             try:
-                completion = parse_completion(content)
+                completion = parse(content)
             except ValueError as exc:
                 return self._count(_Retry("malformed", f"HTTP {status} with an unreadable body: {exc}"))
             self.limit.on_success()

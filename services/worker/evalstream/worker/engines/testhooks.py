@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from evalstream.common.messages import ChatMessage
 from evalstream.common.settings import TestHookSettings
@@ -25,11 +26,26 @@ from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
     GenRequest,
+    LLOutput,
+    LLRequest,
     PermanentEngineError,
+    RollingRequest,
     TransientEngineError,
 )
 
 FailureKind = Literal["transient", "permanent"]
+
+
+class _Addressed(Protocol):
+    @property
+    def item_id(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+
+R = TypeVar("R", bound=_Addressed)
+Out = TypeVar("Out")
 
 
 def _uniform(*parts: object) -> float:
@@ -72,7 +88,7 @@ class FaultPlan:
 
 class _Wrapper:
     """An engine around another: answers (and so the cache key) are the wrapped engine's,
-    name and revision are passed through; only `generate` differs."""
+    name and revision are passed through; only `generate` (and scoring) differ."""
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
@@ -86,6 +102,12 @@ class _Wrapper:
 
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        return self.inner.loglikelihood(requests)
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        return self.inner.loglikelihood_rolling(requests)
 
     def close(self) -> None:
         self.inner.close()
@@ -103,8 +125,17 @@ class ChaosEngine(_Wrapper):
         return self.plan.planned_failure(item_id, attempt)
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
-        out: list[GenOutput | EngineError | None] = []
-        passed: list[GenRequest] = []
+        return self._faulty(requests, self.inner.generate)
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        return self._faulty(requests, self.inner.loglikelihood)
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        return self._faulty(requests, self.inner.loglikelihood_rolling)
+
+    def _faulty(self, requests: list[R], call: Callable[[list[R]], list[Out]]) -> list[Out | EngineError]:
+        out: list[Out | EngineError | None] = []
+        passed: list[R] = []
         for r in requests:
             kind = self.planned_failure(r.item_id, r.attempt)
             if kind == "permanent":
@@ -116,7 +147,7 @@ class ChaosEngine(_Wrapper):
             else:
                 out.append(None)
                 passed.append(r)
-        results = iter(self.inner.generate(passed) if passed else [])
+        results = iter(call(passed) if passed else [])
         return [o if o is not None else next(results) for o in out]
 
 
@@ -133,6 +164,10 @@ class SlowEngine(_Wrapper):
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
         time.sleep(self.delay_s * len(requests))  # runs in the worker's engine thread
         return self.inner.generate(requests)
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        time.sleep(self.delay_s * len(requests))
+        return self.inner.loglikelihood(requests)
 
 
 @dataclass(frozen=True)

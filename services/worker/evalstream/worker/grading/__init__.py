@@ -12,7 +12,9 @@ for the graders that take one:
     json       json:<field.path>, or meta.json_field (json_field.py)
     code       execution in the sandbox            (code_exec.py; alias code_exec)
     judge      judge:<model SPEC>, rubric meta.rubric (judge.py)
-    auto       one of code/choice/numeric/exact per item, by its shape
+    loglikelihood  the engine's per-choice log-likelihoods: acc, acc_norm (loglikelihood.py)
+    perplexity     the engine's rolling log-likelihood of a document (perplexity.py)
+    auto       one of code/choice/numeric/exact per item, by its shape (never the two above)
 
 A grader takes the raw response (it cleans it itself; cleaning twice is harmless) and the
 item, and returns a `Grade`. It raises `GradingError` for an item it cannot grade at all
@@ -40,8 +42,10 @@ from evalstream.worker.grading import (
     exact,
     json_field,
     judge,
+    loglikelihood,
     multiple_choice,
     numeric,
+    perplexity,
     regex,
 )
 from evalstream.worker.grading.base import Grade, Grader, GradingError
@@ -78,6 +82,8 @@ GRADERS: dict[str, Callable[[str | None], Grader]] = {
     "json": json_field.json_field,
     "code": _plain(code_exec.code_exec),
     "judge": judge.judge,
+    "loglikelihood": _plain(loglikelihood.loglikelihood),
+    "perplexity": _plain(perplexity.perplexity),
 }
 assert set(GRADERS) == set(registry.GRADERS), "every registered grader has one implementation"
 
