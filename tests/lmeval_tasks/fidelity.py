@@ -36,6 +36,7 @@ TASKS: dict[str, tuple[str, int | None]] = {
     "bbh_fewshot_navigate": ("bbh/fewshot/navigate.yaml", None),
     "lambada_openai": ("lambada/lambada_openai.yaml", None),
     "pile_10k": ("pile_10k/pile_10k.yaml", None),
+    "evalstream_local": ("evalstream_local.yaml", None),  # evalstream's own: data_files, gen_prefix
 }
 # group name -> its YAML under TASKS_DIR (evalstream's own group over lm-eval's tasks)
 GROUPS: dict[str, str] = {"evalstream_mini": "evalstream_mini.yaml"}

@@ -25,6 +25,8 @@ What each task reads:
   Yes/No); test 30 (examples 100-129; the few-shot YAML carries its own samples).
 * lambada_openai (`EleutherAI/lambada_openai`, `default`): 30 GSM8K questions (test 200-229)
   as passages whose last word is predicted.
+* evalstream_local (evalstream's own YAML, data_files beside it in tasks/local): the same GPQA
+  physics questions in MMLU's columns, train = the 5 dev ones, validation = the next 12.
 * pile_10k (`NeelNanda/pile-10k`, no dataset_name, split train): the expert explanations of 20
   GPQA Diamond questions (the last 20 rows), as documents.
 
@@ -101,6 +103,10 @@ def main(aib: Path, bigbench: Path) -> None:
                 "answer": answer,
             }
         )
+    # evalstream_local.yaml (evalstream's own task): JSON Lines beside the YAML, by data_files
+    local = HERE / "tasks" / "local"
+    write_jsonl(local / "train.jsonl", [{**r, "subject": "Physics"} for r in mmlu[:5]])
+    write_jsonl(local / "validation.jsonl", [{**r, "subject": "Physics"} for r in mmlu[5:17]])
     write_parquet(DATA / "cais/mmlu/college_physics/dev.parquet", mmlu[:5])
     write_parquet(DATA / "cais/mmlu/college_physics/test.parquet", mmlu[5:35])
     other = [r for r in rows if r["High-level domain"] in ("Chemistry", "Biology")]
