@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import benchstack, data, pipeline_runs, pure, recording
+from tests.replay_files import replay_root
 
 NAME = "report_items"
 GOAL_S = 1.0
@@ -42,7 +43,9 @@ CATEGORIES = [f"topic-{i:02d}" for i in range(12)]
 def dataset(n: int) -> tuple[Path, Path]:
     """The questions and the replay answers (the same every time: seeded)."""
     items_path = data.data_dir() / f"report-items-{n}.jsonl"
-    answers_path = data.data_dir() / f"report-items-{n}.answers.jsonl"
+    # under the workers' REPLAY_ROOT, the only folder they read replay files from
+    answers_path = replay_root() / "bench" / f"report-items-{n}.answers.jsonl"
+    answers_path.parent.mkdir(parents=True, exist_ok=True)
     if not (items_path.exists() and answers_path.exists()):
         rng = random.Random(7)
         rows, answers = [], []

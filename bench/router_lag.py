@@ -48,6 +48,7 @@ from tests.e2e.test_router_e2e import (  # noqa: E402
     router_env,
     submit_private,
 )
+from tests.replay_files import replay_dir, replay_env  # noqa: E402
 from tests.support import (  # noqa: E402
     ServiceProcess,
     admin_kafka,
@@ -223,8 +224,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         ]
         for p in POLICIES
     }
-    model = replay_answers(work / "answers.jsonl", [it for its in phases.values() for it in its])
-    common = {"WORKER_MODEL": model, "WORKER_MAX_SHARDS": "2", "HEARTBEAT_INTERVAL_S": "1"}
+    # under the workers' REPLAY_ROOT, the only folder they read replay files from
+    model = replay_answers(
+        replay_dir("bench-router") / "answers.jsonl", [it for its in phases.values() for it in its]
+    )
+    common = {"WORKER_MODEL": model, "WORKER_MAX_SHARDS": "2", "HEARTBEAT_INTERVAL_S": "1", **replay_env()}
     workers = [
         spawn(
             "evalstream.worker",

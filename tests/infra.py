@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalstream.common.settings import SERVICE_PORTS, Settings
+from tests.replay_files import replay_env
 from tests.support import ROOT, ServiceProcess, free_port
 
 CHOICES = ("auto", "local", "testcontainers")
@@ -194,7 +195,7 @@ def start_containers(logs: Path) -> Containers:
             port = SERVICE_PORTS[name] + offset
             proc = ServiceProcess(
                 f"evalstream.{name}",
-                {**started.env, "HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1"},
+                {**started.env, **replay_env(), "HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1"},
                 logs / f"{name}.log",
             ).start()
             started.services.append(proc)

@@ -99,6 +99,8 @@ def service(
     env = {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env(kind)}
     if host:
         env |= {"HTTP_HOST": host.address, **host_client_env(principal=kind)}
+    if kind == "worker":  # the one folder its replay: files are read from (tests write theirs there)
+        env["REPLAY_ROOT"] = str(STACK / "replay")
     return Proc(
         name=name,
         argv=lambda: host.exec_argv([program]) if host else [program],

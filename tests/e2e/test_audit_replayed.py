@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.helpers import EVALCTL, ROOT, evalctl, results_jsonl, write_jsonl
+from tests.replay_files import replay_dir
 from tests.unit.test_audit import MODEL_ACCURACY, planted_dataset, recall_precision
 
 pytestmark = pytest.mark.stack
@@ -28,7 +29,7 @@ def test_audit_finds_planted_label_errors_in_replayed_runs(tmp_path: Path) -> No
     dataset = write_jsonl(tmp_path / "planted.jsonl", rows)
     procs = {}
     for model, lines in p.answers.items():
-        answers = write_jsonl(tmp_path / f"{model}.jsonl", lines)
+        answers = write_jsonl(replay_dir() / f"{model}.jsonl", lines)
         argv = ["submit", str(dataset), "--model", f"replay:{answers}", "--shard-size", "100"]
         procs[model] = subprocess.Popen(
             [*EVALCTL, *argv, "--wait", "--json", "--timeout", "300"],

@@ -31,6 +31,7 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.degenerate import DEGENERATE
 from tests.e2e.helpers import arithmetic_items, evalctl, write_jsonl
+from tests.replay_files import replay_dir, replay_env
 from tests.support import (
     admin_settings,
     read_topic_since,
@@ -86,6 +87,7 @@ async def test_degenerate_answers_are_graded_while_the_worker_answers_its_health
         "evalstream.worker",
         WORKER_GROUP=group,
         WORKER_MODEL="replay:*",
+        **replay_env(),
         GRADING_TIMEOUT_S=str(GRADING_TIMEOUT_S),
         GRADING_PROCESSES="2",
     )
@@ -121,7 +123,7 @@ async def test_degenerate_answers_are_graded_while_the_worker_answers_its_health
             answers.append({"id": "regex-bomb", "response": "a" * 60 + "!"})
             expected[grader]["regex-bomb"] = "timeout"
         write_jsonl(tmp_path / f"{tag}.jsonl", rows)
-    replay = write_jsonl(tmp_path / "answers.jsonl", answers)
+    replay = write_jsonl(replay_dir() / "answers.jsonl", answers)
 
     stop, misses = asyncio.Event(), list[str]()
     prober = asyncio.create_task(_poll_health(port, stop, misses))

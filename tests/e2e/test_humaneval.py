@@ -33,6 +33,7 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import ROOT, result_rows, submit_wait, write_jsonl
 from tests.hostile_code import CHEATS, FORGERIES, escapes
+from tests.replay_files import replay_dir, replay_env
 from tests.support import ServiceProcess, admin_settings, unique
 
 pytestmark = pytest.mark.stack
@@ -44,7 +45,7 @@ TASK_FIELDS = ("task_id", "prompt", "entry_point", "test")
 async def code_group(stack: Settings, spawn: Any) -> tuple[str, ServiceProcess, int]:
     group = unique("code")
     await ensure_topics(admin_settings(), [group])
-    worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*")
+    worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*", **replay_env())
     await asyncio.to_thread(worker.wait_healthy, port)
     return group, worker, port
 
@@ -65,7 +66,7 @@ async def test_canonical_solutions_score_164_of_164(
         tmp_path / "HumanEval.jsonl", [{k: p[k] for k in TASK_FIELDS} for p in problems.values()]
     )
     answers = write_jsonl(
-        tmp_path / "canonical.jsonl",
+        replay_dir() / "canonical.jsonl",
         [{"task_id": p["task_id"], "completion": p["canonical_solution"]} for p in problems.values()],
     )
     summary = await asyncio.to_thread(submit, dataset, answers, group)
@@ -146,7 +147,7 @@ async def test_hostile_code_fails_and_the_worker_keeps_serving(
         [{**{k: tasks[item_id][k] for k in TASK_FIELDS}, "task_id": item_id} for item_id in completions],
     )
     answers = write_jsonl(
-        tmp_path / "hostile-answers.jsonl",
+        replay_dir() / "hostile-answers.jsonl",
         [{"task_id": item_id, "completion": text} for item_id, text in completions.items()],
     )
     try:

@@ -24,6 +24,7 @@ from evalstream.common.settings import Settings
 from tests.chromium import Chromium
 from tests.e2e.helpers import evalctl, submit_wait, wait_for, write_jsonl
 from tests.e2e.test_report import AGGREGATOR, http_get
+from tests.replay_files import replay_dir
 
 pytestmark = pytest.mark.stack
 
@@ -32,7 +33,7 @@ LONG_ANSWER = "I think about it. " * 2000 + "So 999."
 
 def replay_run(tmp: Path, name: str, items: list[dict[str, Any]], answers: dict[str, str]) -> dict[str, Any]:
     replay = write_jsonl(
-        tmp / f"{name}-answers.jsonl", [{"id": k, "response": v} for k, v in answers.items()]
+        replay_dir() / f"{name}-answers.jsonl", [{"id": k, "response": v} for k, v in answers.items()]
     )
     summary = submit_wait(
         write_jsonl(tmp / f"{name}.jsonl", items),

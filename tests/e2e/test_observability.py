@@ -34,6 +34,7 @@ from tests.chromium import Chromium, charts
 from tests.e2e.helpers import ROOT, arithmetic_items, submit_wait, write_jsonl
 from tests.e2e.test_router_e2e import FakeGroup, create_topic, publish_shards, router_env, shards_for
 from tests.fakes.openai_provider import FakeProvider, storm
+from tests.replay_files import replay_dir
 from tests.support import (
     STACK,
     ServiceProcess,
@@ -112,7 +113,7 @@ async def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         submit_wait,
         write_jsonl(tmp / "obs.jsonl", items),
         "--model",
-        f"replay:{write_jsonl(tmp / 'answers.jsonl', answers)}",
+        f"replay:{write_jsonl(replay_dir() / 'answers.jsonl', answers)}",
         "--shard-size",
         "10",
         "--max-attempts",

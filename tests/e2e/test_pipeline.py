@@ -29,6 +29,7 @@ from tests.e2e.helpers import (
     submit_wait,
     write_jsonl,
 )
+from tests.replay_files import replay_dir
 from tests.support import (
     STACK,
     admin_settings,
@@ -61,7 +62,7 @@ async def test_accuracy_in_report_equals_recomputation_from_results(tmp_path: Pa
         {"id": it["id"], "response": f"The answer is {it['answer'] if i % 2 == 0 else 'unknown'}."}
         for i, it in enumerate(items)
     ]
-    replay = write_jsonl(tmp_path / "answers.jsonl", answers)
+    replay = write_jsonl(replay_dir() / "answers.jsonl", answers)
     summary = submit_wait(write_jsonl(tmp_path / "arith.jsonl", items), "--model", f"replay:{replay}")
     records = results_jsonl(summary["run_id"])
     assert len(records) == 40 and len({r["item_id"] for r in records}) == 40

@@ -25,6 +25,7 @@ from evalstream.common.settings import SERVICE_PORTS, Settings
 from evalstream.common.topics_admin import ensure_topics
 from tests.e2e.helpers import EVALCTL, ROOT, result_rows, submit_wait, write_jsonl
 from tests.fakes.openai_provider import FakeProvider
+from tests.replay_files import replay_dir, replay_env
 from tests.support import admin_settings, read_topic_since, topic_end_offsets, unique, wait_until
 
 pytestmark = pytest.mark.stack
@@ -79,14 +80,19 @@ async def original(stack: Settings, pg: asyncpg.Connection, spawn: Any, tmp_path
     grades its regrades (its operator allows judges of any OpenAI-compatible endpoint)."""
     group = unique("regrade")
     await ensure_topics(admin_settings(), [group])
-    worker, port = spawn("evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*,openai:*")
+    worker, port = spawn(
+        "evalstream.worker", WORKER_GROUP=group, WORKER_MODEL="replay:*,openai:*", **replay_env()
+    )
     await asyncio.to_thread(worker.wait_healthy, port)
     tag = unique("g")
     items = [
         {"id": f"{tag}-{i}", "question": f"Question {i}?", "answer": g} for i, (g, _) in enumerate(ANSWERS)
     ]
     replies = [{"id": f"{tag}-{i}", "response": r} for i, (_, r) in enumerate(ANSWERS)]
-    dataset, answers = write_jsonl(tmp_path / "q.jsonl", items), write_jsonl(tmp_path / "a.jsonl", replies)
+    dataset, answers = (
+        write_jsonl(tmp_path / "q.jsonl", items),
+        write_jsonl(replay_dir() / "a.jsonl", replies),
+    )
     summary = await asyncio.to_thread(
         submit_wait, dataset, "--model", f"replay:{answers}", "--grader", "exact", "--worker-group", group
     )

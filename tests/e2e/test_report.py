@@ -19,6 +19,7 @@ from evalstream.common import report_html, storage
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from tests.chromium import Chromium, charts
 from tests.e2e.helpers import ROOT, evalctl, submit_wait, write_jsonl
+from tests.replay_files import replay_dir
 
 pytestmark = pytest.mark.stack
 
@@ -54,7 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         {"id": it["id"], "response": str(int(it["answer"]) + (0 if i < 12 else 1))}
         for i, it in enumerate(items[:27])
     ]
-    replay = write_jsonl(tmp / "answers.jsonl", answers)
+    replay = write_jsonl(replay_dir() / "answers.jsonl", answers)
     summary = submit_wait(
         write_jsonl(tmp / "report.jsonl", items),
         "--model",

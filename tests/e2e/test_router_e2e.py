@@ -30,6 +30,7 @@ from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.producer.intake import Intake
 from tests.e2e.helpers import arithmetic_items, result_rows, run_status, write_jsonl
+from tests.replay_files import replay_dir, replay_env
 from tests.support import (
     admin_kafka,
     admin_settings,
@@ -307,9 +308,10 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
     await ensure_topics(admin_settings(), [doomed, survivor])
     await create_topic(inbox)
     items = arithmetic_items(600, prefix="k")
-    model = replay_answers(tmp_path / "answers.jsonl", items)
+    model = replay_answers(replay_dir() / "answers.jsonl", items)
     timeout_s = 3.0
     worker_env = {
+        **replay_env(),
         "WORKER_MODEL": model,
         "ENGINE_DELAY_MS": "40",
         "WORKER_MAX_SHARDS": "2",

@@ -10,6 +10,7 @@ import pytest
 
 from evalstream.common.settings import Settings
 from tests.e2e.helpers import evalctl, write_jsonl
+from tests.replay_files import replay_dir
 from tests.support import wandb_records
 
 pytestmark = pytest.mark.stack
@@ -39,7 +40,7 @@ def test_tracker_exports_equal_the_report(
         "submit",
         str(dataset),
         "--model",
-        f"replay:{write_jsonl(tmp_path / 'answers.jsonl', ANSWERS)}",
+        f"replay:{write_jsonl(replay_dir() / 'answers.jsonl', ANSWERS)}",
         "--wait",
         "--json",
         "--timeout",

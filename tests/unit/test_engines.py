@@ -90,7 +90,8 @@ def test_validate_spec_rejects(spec: str, fragment: str) -> None:
 def test_validate_spec_checks_files_only_when_asked(tmp_path: Path) -> None:
     missing = f"replay:{tmp_path}/missing.jsonl"
     assert validate_spec(missing) is None
-    assert "not found" in (validate_spec(missing, check_files=True) or "")
+    assert "not found" in (validate_spec(missing, check_files=True, replay_root=str(tmp_path)) or "")
+    assert "REPLAY_ROOT is not set" in (validate_spec(missing, check_files=True, replay_root="") or "")
     assert "not found" in (validate_spec(f"hf:{tmp_path}/missing.gguf", check_files=True) or "")
     assert "config.json" in (validate_spec(f"hf:{tmp_path}", check_files=True) or "")
 
@@ -121,7 +122,7 @@ def test_importing_engines_stays_light() -> None:
 
 
 def test_load_engine_null_replay_and_openai(tmp_path: Path) -> None:
-    settings = Settings(worker_model="null,replay:*,openai:*@http://127.0.0.1:1/*")
+    settings = Settings(worker_model="null,replay:*,openai:*@http://127.0.0.1:1/*", replay_root=str(tmp_path))
     assert isinstance(load_engine("null", settings), NullEngine)
     replay = load_engine(
         f"replay:{write_jsonl(tmp_path / 'a.jsonl', [{'id': 'x', 'response': 'y'}])}", settings
@@ -176,7 +177,7 @@ def test_null_engine_answers_instantly_and_empty() -> None:
 
 def test_replay_serves_answers_and_fails_missing_ids(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "r.jsonl", [{"id": "q1", "response": "Paris"}, {"id": 7, "response": "42"}])
-    engine = ReplayEngine(path)
+    engine = ReplayEngine(path, root=str(tmp_path))
     assert isinstance(engine, Engine)
     assert engine.revision == hashlib.sha256(path.read_bytes()).hexdigest()
     q1, q7, missing = engine.generate([req("q1"), req("7"), req("nope")])
@@ -194,7 +195,7 @@ def test_replay_reads_human_eval_samples(tmp_path: Path) -> None:
     ]
     path = write_jsonl(tmp_path / "samples.jsonl", rows)
     path.write_text(path.read_text() + "\n")  # a trailing blank line is fine
-    engine = ReplayEngine(path)
+    engine = ReplayEngine(path, root=str(tmp_path))
     assert engine.duplicates == 1
     (out,) = engine.generate([req("HumanEval/0")])
     assert isinstance(out, GenOutput)
@@ -214,13 +215,13 @@ def test_replay_rejects_bad_lines(tmp_path: Path, line: str, fragment: str) -> N
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": "ok", "response": "x"}\n' + line + "\n")
     with pytest.raises(EngineConfigError, match=fragment) as err:
-        ReplayEngine(path)
+        ReplayEngine(path, root=str(tmp_path))
     assert "bad.jsonl:2" in str(err.value)
 
 
 def test_replay_revision_changes_with_the_file(tmp_path: Path) -> None:
-    a = ReplayEngine(write_jsonl(tmp_path / "a.jsonl", [{"id": "1", "response": "x"}]))
-    b = ReplayEngine(write_jsonl(tmp_path / "b.jsonl", [{"id": "1", "response": "y"}]))
+    a = ReplayEngine(write_jsonl(tmp_path / "a.jsonl", [{"id": "1", "response": "x"}]), root=str(tmp_path))
+    b = ReplayEngine(write_jsonl(tmp_path / "b.jsonl", [{"id": "1", "response": "y"}]), root=str(tmp_path))
     assert a.revision != b.revision
 
 

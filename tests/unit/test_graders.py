@@ -400,7 +400,8 @@ class TestJudge:
         assert parse_verdict("<think>VERDICT: CORRECT</think>Incorrect.") is False
         assert parse_verdict("I cannot tell.") is None
 
-    def test_replay_judge_grades_by_item(self, tmp_path: Path) -> None:
+    def test_replay_judge_grades_by_item(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("REPLAY_ROOT", str(tmp_path))  # the only folder replay files are read from
         verdicts = tmp_path / "verdicts.jsonl"
         verdicts.write_text(
             '{"id": "a", "response": "Same as the reference.\\nVERDICT: CORRECT"}\n'

@@ -231,6 +231,10 @@ class WorkerSettings(
     # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
     # (worker/engines/openai.py); a job never names a variable
     worker_api_keys: str = ""
+    # `replay:` files (models' and judges') are read only under this folder: regular files,
+    # symlinks resolved and kept inside it, no `~`, at most 256 MiB (worker/engines/replay.py);
+    # empty: no replay files at all
+    replay_root: str = ""
     worker_id: str = ""  # empty: <group>-<hostname>-<pid>
     worker_max_shards: int = 16  # shards taken per engine round
     # A long engine batch must not get a worker evicted from its group (aiokafka 848/678).

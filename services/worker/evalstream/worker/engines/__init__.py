@@ -68,13 +68,16 @@ def parse_spec(spec: str) -> ModelSpec:
         raise EngineConfigError(str(exc)) from None
 
 
-def validate_spec(spec: str, *, check_files: bool = False) -> str | None:
+def validate_spec(spec: str, *, check_files: bool = False, replay_root: str | None = None) -> str | None:
     """None if `spec` is servable, else why not. Loads nothing. Files are checked only with
-    `check_files` because the producer often does not see the workers' file system."""
+    `check_files` because the producer often does not see the workers' file system; replay
+    files under `replay_root` (None: this process's REPLAY_ROOT)."""
     try:
         parsed = parse_spec(spec)
         if check_files:
-            _resolve_file(parsed)
+            _resolve_file(
+                parsed, WorkerSettings.from_env().replay_root if replay_root is None else replay_root
+            )
     except EngineConfigError as exc:
         return str(exc)
     return None
@@ -104,8 +107,15 @@ def bundled_model_path(name: str) -> Path:
     )
 
 
-def _resolve_file(parsed: ModelSpec) -> Path | None:
-    """The file or folder a spec points at (checked to exist), or None for null/openai."""
+def _resolve_file(parsed: ModelSpec, replay_root: str) -> Path | None:
+    """The file or folder a spec points at (checked to exist), or None for null/openai.
+
+    A `replay:` file is named by the job and its content becomes the run's answers: it is
+    read only under the operator's REPLAY_ROOT (engines/replay.py). An `hf:`/`ov:` folder or
+    GGUF file is loaded only when the operator's WORKER_MODEL patterns name it (the default
+    serves the bundled model alone, and check_served runs first), it is read as weights and a
+    tokenizer (no remote code), and nothing of it reaches the results but what the model
+    generates: the operator's allow-list is its root."""
     if parsed.scheme in ("hf", "ov"):
         if parsed.bundled is not None:
             return bundled_model_path(parsed.target)
@@ -117,10 +127,9 @@ def _resolve_file(parsed: ModelSpec) -> Path | None:
             raise EngineConfigError(f"not a transformers model folder (no config.json): {path}")
         return path
     if parsed.scheme == "replay":
-        path = Path(parsed.target).expanduser()
-        if not path.is_file():
-            raise EngineConfigError(f"replay file not found: {path}")
-        return path
+        from evalstream.worker.engines.replay import replay_file
+
+        return replay_file(parsed.target, replay_root)
     return None
 
 
@@ -130,7 +139,7 @@ def load_engine(spec: str, settings: WorkerSettings, *, role: str = "model") -> 
     wrap it elsewhere (engines/testhooks.py, applied by the worker's engine registry)."""
     parsed = parse_spec(spec)
     check_served(parsed, settings, role=role)
-    path = _resolve_file(parsed)
+    path = _resolve_file(parsed, settings.replay_root)
     name = parsed.text
     engine: Engine
     if parsed.scheme == "null":
@@ -140,8 +149,7 @@ def load_engine(spec: str, settings: WorkerSettings, *, role: str = "model") -> 
     elif parsed.scheme == "replay":
         from evalstream.worker.engines.replay import ReplayEngine
 
-        assert path is not None
-        engine = ReplayEngine(path, name=name)
+        engine = ReplayEngine(parsed.target, root=settings.replay_root, name=name)
     elif parsed.scheme == "hf":
         from evalstream.worker.engines.hf import HFEngine
 

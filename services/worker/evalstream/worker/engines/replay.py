@@ -7,12 +7,26 @@ several samples for one id (pass@k files), the first one is served.
 Log-likelihood scores produced elsewhere (graders `loglikelihood` and `perplexity`) are lines
 `{"id": ..., "loglikelihoods": [per choice, in the item's order], "is_greedy": [...]}`
 (`is_greedy` optional: false) or, for a document, `{"id": ..., "loglikelihood": ...}`.
+
+The file is named by a job (any `user` principal may publish one), and what it holds becomes
+the run's answers, shown in results and reports: so a worker reads replay files only under
+the folder its operator chose, REPLAY_ROOT (unset: none at all), as the producer reads local
+datasets only under DATASET_LOCAL_ROOT. A relative name is relative to the root; an absolute
+one must lie inside it. `~` is not expanded. The path is resolved (symlinks followed, `..`
+is refused by the SPEC parser anyway) and must stay inside the resolved root; the file is
+opened without following a last symlink and without blocking (a FIFO cannot hang the worker),
+must be a regular file of at most REPLAY_MAX_BYTES, and the path the kernel says it opened
+is checked against the root again, so that a symlink swapped in between resolving and opening
+leads nowhere. A path outside the root is refused with the same words whether or not it
+exists: a job cannot probe the worker's file system either.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +44,63 @@ from evalstream.worker.engines.base import (
 from evalstream.worker.engines.null import plain_prompt, word_count
 
 _FORMATS = {("id", "response"): "response", ("task_id", "completion"): "human-eval"}
+REPLAY_MAX_BYTES = 256 << 20
+
+
+def replay_file(target: str, root: str) -> Path:
+    """The file `replay:<target>` names, resolved under the operator's REPLAY_ROOT (`root`).
+    Raises EngineConfigError: no root, `~`, outside the root, not a file there."""
+    if not root:
+        raise EngineConfigError(
+            f"replay:{target}: this worker reads no replay files (REPLAY_ROOT is not set by its operator)"
+        )
+    if target.startswith("~"):
+        raise EngineConfigError(f"replay:{target}: '~' is not expanded; name a file under REPLAY_ROOT")
+    base = Path(root).resolve()
+    resolved = (base / target).resolve()  # an absolute target stands alone; symlinks followed
+    if not resolved.is_relative_to(base):
+        raise EngineConfigError(f"replay:{target}: replay files are read only under REPLAY_ROOT ({base})")
+    if not resolved.is_file():
+        raise EngineConfigError(f"replay file not found: {target} (under REPLAY_ROOT {base})")
+    return resolved
+
+
+def read_replay_file(target: str, root: str) -> tuple[Path, bytes]:
+    """The resolved path and the bytes of the replay file `target` names under `root`, read
+    as the module docstring says. Raises EngineConfigError."""
+    path = replay_file(target, root)
+    base = Path(root).resolve()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise EngineConfigError(f"cannot read replay file {target}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        try:  # what was opened, whatever happened to the path since it was resolved
+            opened = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # no /proc: the checks above stand alone
+            opened = path
+        if not opened.is_relative_to(base):
+            raise EngineConfigError(f"replay:{target}: replay files are read only under REPLAY_ROOT ({base})")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise EngineConfigError(f"replay:{target} is not a regular file")
+        if info.st_size > REPLAY_MAX_BYTES:
+            raise EngineConfigError(
+                f"replay:{target} is {info.st_size} bytes, over the {REPLAY_MAX_BYTES}-byte limit"
+            )
+        data = f.read(REPLAY_MAX_BYTES + 1)
+    if len(data) > REPLAY_MAX_BYTES:
+        raise EngineConfigError(f"replay:{target} is over the {REPLAY_MAX_BYTES}-byte limit")
+    return path, data
 
 
 class ReplayEngine:
     device = "none"
 
-    def __init__(self, path: str | Path, *, name: str | None = None) -> None:
-        self.path = Path(path)
-        self.name = name or f"replay:{self.path}"
-        data = self.path.read_bytes()
+    def __init__(self, target: str | Path, *, root: str, name: str | None = None) -> None:
+        """`target`: the SPEC's file name, read under `root` (the worker's REPLAY_ROOT)."""
+        self.path, data = read_replay_file(str(target), root)
+        self.name = name or f"replay:{target}"
         # the answers are the "weights": the file's hash names what served a run
         self.revision = hashlib.sha256(data).hexdigest()
         # Answers are looked up by item id, not computed from the prompt: the prompt-keyed
