@@ -946,7 +946,7 @@ def _execute_judged(
         duration_s=ended - start,
         output_exceeded=exceeded,
         memory_exceeded=candidate.oom or judge.oom,
-        cleanup_s=max(candidate.cleanup_s, judge.cleanup_s),
+        cleanup_s=candidate.cleanup_s + judge.cleanup_s,
     )
 
 
