@@ -62,7 +62,7 @@ PUBLIC_TOPICS = (
         "eval.results",
         ShardResult,
         closed=False,
-        key="the run id",
+        key="`<run id>#<shard index>`: the shard's key, which spreads a run over the partitions",
         description=(
             "The items of one shard delivery that reached an outcome (an answer, or an error "
             "after the last attempt). Delivery is at-least-once: a result may arrive twice; "
@@ -73,7 +73,7 @@ PUBLIC_TOPICS = (
         "eval.dlq",
         Shard,
         closed=False,
-        key="the run id, or the original message's key",
+        key="`<run id>#<shard index>` (a failed item's shard), or the original message's key",
         description=(
             "Dead letters. When the header `x-error-type` is `ItemFailed` the value is a Shard "
             "holding only the item that failed every attempt; otherwise the value is the "

@@ -8,10 +8,13 @@ partition (h(r) + i) mod n, h being Kafka's own murmur2 hash. Consecutive shards
 land on consecutive partitions, so a run of s shards covers min(s, n) partitions and every
 partition gets ⌊s/n⌋ or ⌈s/n⌉ of them: N workers of a group get equal shares of one run.
 
-Any other key (results and dead letters are keyed by shard id; heartbeats by worker id) is
-placed as Kafka's default partitioner places it (murmur2 of the key), and a message without
-a key goes to a random available partition, so a Java or console client that publishes with
-its own partitioner agrees with us. The partition count is whatever the producer's metadata
+Results and dead letters carry their shard's key too, so one run's results spread over the
+partitions of eval.results (and so over the aggregators) the same way. Any other key (jobs
+and control requests by run id, heartbeats by worker id) is placed as Kafka's default
+partitioner places it (murmur2 of the key), and a message without a key goes to a random
+available partition, so a Java or console client that publishes with its own partitioner
+agrees with us. Every key names its run: the run id itself, or what precedes `#`
+(`run_of_key`), which logs and trace spans carry. The partition count is whatever the producer's metadata
 says now: a topic whose partitions grew (bootstrap raises them, topics.partition_counts)
 is spread over all of them from the next metadata refresh on.
 
@@ -45,6 +48,14 @@ def shard_key(run_id: str, shard_index: int) -> bytes:
 def shard_key_of(shard: _ShardLike) -> bytes:
     """The Kafka key of a Shard message (eval.shards, eval.work.<group>, eval.retry)."""
     return shard_key(shard.run_id, shard.shard_index)
+
+
+def run_of_key(key: bytes | None) -> str | None:
+    """The run a message's key names: `<run>#<index>` or the run id itself (jobs, control)."""
+    if key is None:
+        return None
+    shard = _parse_shard_key(key)
+    return shard[0] if shard is not None else key.decode("utf-8", "replace")
 
 
 def key_hash(key: bytes) -> int:

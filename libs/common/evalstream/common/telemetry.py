@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from evalstream.common import logs, topics
+from evalstream.common import logs, spread, topics
 from evalstream.common.settings import TelemetrySettings
 
 T = TypeVar("T")
@@ -121,9 +121,10 @@ def extract(headers: Sequence[tuple[str, bytes]] | None) -> Context:
 
 
 def _key(record: ConsumerRecord[Any, Any]) -> str | None:
+    """The run the record's key names (spread.run_of_key)."""
     key = record.key
     if isinstance(key, bytes):
-        return key.decode(errors="replace")
+        return spread.run_of_key(key)
     return str(key) if key is not None else None
 
 

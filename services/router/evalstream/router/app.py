@@ -33,8 +33,9 @@ from typing import Any
 from aiokafka import TopicPartition
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
+from opentelemetry.trace import Span
 
-from evalstream.common import service, topics
+from evalstream.common import service, telemetry, topics
 from evalstream.common.messages import Heartbeat, Shard
 from evalstream.common.metrics import SHARDS
 from evalstream.common.poison import PoisonGuard, broker_probe
@@ -85,14 +86,16 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
             await consumer.commit({tp: o for tp, o in offsets.items() if tp in consumer.assignment()})
 
     async def route_records(records: Sequence[service.Record]) -> None:
-        shards: list[tuple[Shard, service.Record]] = []
-        for record in records:
-            shard = await service.decode_or_dead_letter(broker, record, Shard)
-            if shard is None:
-                SHARDS.labels(service="router", outcome="undecodable").inc()
-            else:
-                shards.append((shard, record))
-        await dispatcher.route_batch(shards, assigned, commit)
+        shards: list[tuple[Shard, service.Record, Span]] = []
+        # a span per record, continuing its trace: its forward is published inside it
+        with telemetry.consume_spans(records, group_of[topic]) as spans:
+            for record, span in zip(records, spans, strict=True):
+                shard = await service.decode_or_dead_letter(broker, record, Shard)
+                if shard is None:
+                    SHARDS.labels(service="router", outcome="undecodable").inc()
+                else:
+                    shards.append((shard, record, span))
+            await dispatcher.route_batch(shards, assigned, commit)
 
     async def route(msg: KafkaMessage) -> None:
         await guard.run(service.records_of(msg), route_records)
@@ -127,13 +130,11 @@ def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]
     }
 
 
-subscribers = {
-    SHARDS_TOPIC: broker.subscriber(SHARDS_TOPIC, **_input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP))
-}
+inputs = {SHARDS_TOPIC: _input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP)}
 if RETRY_TOPIC:
-    subscribers[RETRY_TOPIC] = broker.subscriber(
-        RETRY_TOPIC, **_input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP)
-    )
+    inputs[RETRY_TOPIC] = _input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP)
+group_of = {topic: str(kw["group_id"]) for topic, kw in inputs.items()}
+subscribers = {topic: broker.subscriber(topic, **kw) for topic, kw in inputs.items()}
 for _topic, _subscriber in subscribers.items():
     _subscriber(make_route(_topic))
 

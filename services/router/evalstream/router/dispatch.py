@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 from aiokafka import TopicPartition
 from faststream.kafka import KafkaBroker
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from evalstream.common import service, topics
 from evalstream.common.messages import Shard, encode
@@ -76,14 +78,19 @@ class Dispatcher:
 
     async def route_batch(
         self,
-        shards: list[tuple[Shard, service.Record]],
+        shards: Sequence[tuple[Shard, service.Record, Span | None]],
         assigned: Callable[[service.Record], bool],
         commit: Commit | None,
     ) -> None:
-        """Routes a poll's shards in order; returns once every forward is on the broker."""
+        """Routes a poll's shards in order, each inside its record's span (its forward
+        carries the trace on); returns once every forward is on the broker."""
         batch = Batch(commit)
-        for shard, record in shards:
-            await self.route(shard, record, batch, assigned)
+        for shard, record, span in shards:
+            if span is None:
+                await self.route(shard, record, batch, assigned)
+            else:
+                with trace.use_span(span, end_on_exit=False):
+                    await self.route(shard, record, batch, assigned)
             batch.finished(record)
         await asyncio.gather(*batch.sends)
 
@@ -197,6 +204,6 @@ class Dispatcher:
                 record, error, attempts=shard.attempt, run_id=shard.run_id, item_id=item.id
             )
             await service.dead_letter(
-                self.broker, encode(one), headers, key=shard.shard_id.encode(), reason="unroutable"
+                self.broker, encode(one), headers, key=shard_key_of(shard), reason="unroutable"
             )
         SHARDS.labels(service="router", outcome="unroutable").inc()

@@ -75,7 +75,7 @@ class OutcomePublisher:
                 sends += [
                     telemetry.in_span(
                         span(shard.shard_id),
-                        self.broker.publish(data, topics.RESULTS, key=shard.shard_id.encode()),
+                        self.broker.publish(data, topics.RESULTS, key=shard_key_of(shard)),
                     )
                     for data in result_messages(payload)
                 ]
@@ -115,6 +115,6 @@ class OutcomePublisher:
             original_topic=topics.work_topic(self.group),
         )
         await service.dead_letter(
-            self.broker, encode(one), headers, key=f.shard.shard_id.encode(), reason="failed"
+            self.broker, encode(one), headers, key=shard_key_of(f.shard), reason="failed"
         )
         ITEMS.labels(service="worker", status="dead_lettered").inc()
