@@ -84,8 +84,9 @@ SELECT count(*) FILTER (WHERE error IS NULL) AS scored,
                                            AND doc_words IS NULL), 0) AS one_ll_sum,
        count(*) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL) AS docs,
        coalesce(sum(loglikelihood) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS doc_ll_sum,
-       coalesce(sum(doc_words) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS words,
-       coalesce(sum(doc_bytes) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS bytes
+       coalesce(sum(doc_words) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0)::int8 AS words,
+       -- the sum of an int8 column is numeric (Decimal): a count of bytes fits an int8
+       coalesce(sum(doc_bytes) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0)::int8 AS bytes
 FROM item_results WHERE run_id = $1
 """
 
