@@ -77,10 +77,20 @@ def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: fl
             logs.RunIdMiddleware,
             KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"evalstream-{service}"),
         ],
+        # Bodies stay bytes: every handler decodes its own (decode_or_dead_letter, with the
+        # size and nesting checked first). FastStream's default would json.loads() them
+        # before any handler ran, and a body nested 5,000 deep would fail every delivery
+        # there, where no handler can make it a dead letter.
+        decoder=_undecoded,
         logger=logging.getLogger("evalstream.kafka"),
         # one log line per message is noise at INFO (and real CPU at 10k items/s)
         log_level=logging.DEBUG,
     )
+
+
+async def _undecoded(msg: Any) -> Any:
+    """The message's body as it came (a batch's: the list of them), never parsed."""
+    return msg.body
 
 
 ReadyCheck = Callable[[], Awaitable[bool]]
