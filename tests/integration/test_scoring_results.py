@@ -26,7 +26,7 @@ def graded(run_id: str, item: Item, grader: str, response: str) -> ItemResult:
     g = get_grader(grader)(response, item)
     return ItemResult(
         run_id=run_id, item_id=item.id, shard_id=f"{run_id}-s0", response=response, extracted=g.extracted,
-        correct=g.correct, score=g.score, evidence=g.evidence, detail=g.detail, question=item.question,
+        correct=None if g.ungraded else g.correct, score=g.score, evidence=g.evidence, detail=g.detail, question=item.question,
         correct_norm=g.correct_norm, loglikelihood=g.loglikelihood, doc_words=g.doc_words, doc_bytes=g.doc_bytes,
     )  # fmt: skip
 

@@ -166,7 +166,7 @@ class TestPerplexityGrader:
         )
         # lm-eval: len(re.split(r"\s+", doc)) counts the empty string after the trailing space
         assert g.doc_words == 5 and g.doc_bytes == len(doc.encode()) == 31
-        assert (g.correct, g.score, g.loglikelihood, g.extracted) == (None, 0.0, -42.5, None)
+        assert (g.ungraded, g.score, g.loglikelihood, g.extracted) == (True, 0.0, -42.5, None)
         ev = scoring.read_evidence(g.evidence)
         assert ev is not None and (ev.loglikelihood, ev.tokens, ev.words, ev.bytes) == (-42.5, 9, 5, 31)
 

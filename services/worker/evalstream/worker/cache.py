@@ -70,6 +70,11 @@ def score_from_entry(entry: CachedAnswer) -> LLOutput | None:
         ll, greedy, truncated = record["loglikelihood"], record["is_greedy"], record["truncated"]
     except (ValueError, TypeError, KeyError):
         return None
-    if not isinstance(ll, float | int) or isinstance(ll, bool) or math.isnan(ll) or not isinstance(greedy, bool):
+    if (
+        not isinstance(ll, float | int)
+        or isinstance(ll, bool)
+        or math.isnan(ll)
+        or not isinstance(greedy, bool)
+    ):
         return None
     return LLOutput(float(ll), greedy, entry.prompt_tokens, entry.completion_tokens, bool(truncated))

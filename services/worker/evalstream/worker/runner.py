@@ -561,7 +561,7 @@ class ModelRunner:
             shard_id=p.shard.shard_id,
             response=answer.response,
             extracted=grade.extracted,
-            correct=grade.correct,
+            correct=None if grade.ungraded else grade.correct,
             score=grade.score,
             attempts=attempts,
             cache_hit=cache_hit,

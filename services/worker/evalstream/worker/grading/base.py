@@ -11,11 +11,12 @@ from evalstream.common.messages import Item
 
 class Grade(msgspec.Struct, frozen=True, kw_only=True):
     extracted: str | None  # what the grader read as the answer (None: nothing found)
-    correct: bool | None  # None: nothing to be right about (a perplexity)
+    correct: bool
     score: float  # 0..1
     detail: str | None = None  # why it is wrong, or how it was matched when that is not obvious
     evidence: str | None = None  # what the grader ran and saw (a code test's output)
     # log-likelihood scoring (ItemResult's fields of the same names)
+    ungraded: bool = False  # nothing to be right about (a perplexity): the result's `correct` is None
     correct_norm: bool | None = None
     loglikelihood: float | None = None
     doc_words: int | None = None

@@ -2,7 +2,8 @@
 response is the document's rolling log-likelihood (evalstream.common.scoring.RollingScore);
 the grade records it with the document's words and UTF-8 bytes, lm-eval's weights of
 word_perplexity, byte_perplexity and bits_per_byte, which the run's summary aggregates. There
-is nothing to be right about: `correct` is None (the item browser's "ungraded"), `score` 0.
+is nothing to be right about: the grade is `ungraded` (the result's `correct` is None, the item
+browser's "ungraded"), `score` 0.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def perplexity() -> Grader:
         word_ppl = math.exp(min(700.0, -score.loglikelihood / words))
         return Grade(
             extracted=None,
-            correct=None,
+            correct=False,
+            ungraded=True,
             score=0.0,
             detail=f"word perplexity {word_ppl:.6g} over {words} words",
             evidence=scoring.encode_evidence(evidence),
