@@ -83,25 +83,31 @@ class PoisonGuard:
             try:
                 await process(fresh)
             except Exception as exc:
-                await self._blame(fresh, exc)
+                if await self._blame(fresh, exc):
+                    raise service.MessageAtFault(f"{type(exc).__name__}: {exc}") from exc
                 raise
             self._forget(fresh)
             return
         # Redelivered after a failure: one at a time, to find which record it was.
-        failed: Exception | None = None
+        failed: Exception | None = None  # an outage: redelivered after the backoff
+        counted: Exception | None = None  # a record's own failure, not yet worn out
         for record in fresh:
             try:
                 await process([record])
             except Exception as exc:
-                if await self._blame([record], exc) and self.failures[_key(record)][0] >= self.limit:
+                if not await self._blame([record], exc):
+                    failed = exc
+                elif self.failures[_key(record)][0] >= self.limit:
                     count, error = self.failures[_key(record)]
                     await self._poison(record, count, error)
                 else:
-                    failed = exc
+                    counted = exc
             else:
                 self._forget([record])
         if failed is not None:
             raise failed
+        if counted is not None:
+            raise service.MessageAtFault(f"{type(counted).__name__}: {counted}") from counted
 
     async def _blame(self, records: Sequence[service.Record], exc: Exception) -> bool:
         """Counts a failure against `records`, unless it is an outage; whether it counted."""

@@ -205,6 +205,11 @@ def shut_down_with_error(message: str, exit_status: int = 3) -> None:
 H_ = TypeVar("H_", bound=Callable[..., Awaitable[None]])
 
 
+class MessageAtFault(Exception):
+    """A handler's failure that its PoisonGuard counted against the message (its
+    dependencies answer): redelivered at once, no backoff."""
+
+
 def backoff_on_error(delay_s: float = 1.0) -> Callable[[H_], H_]:
     """A handler that fails (the database or the S3 store is down) is redelivered at once
     (NACK_ON_ERROR); pausing first keeps the redelivery from spinning against the outage."""
@@ -214,6 +219,12 @@ def backoff_on_error(delay_s: float = 1.0) -> Callable[[H_], H_]:
         async def wrapper(*args: Any, **kwargs: Any) -> None:
             try:
                 await handler(*args, **kwargs)
+            except MessageAtFault:
+                # the message's own failure, counted (poison.py): nothing to wait out
+                logging.getLogger(handler.__module__).exception(
+                    "%s failed; the message(s) will be redelivered", handler.__name__
+                )
+                raise
             except Exception:
                 logging.getLogger(handler.__module__).exception(
                     "%s failed; the message(s) will be redelivered", handler.__name__

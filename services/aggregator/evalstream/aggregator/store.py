@@ -16,6 +16,7 @@ import asyncpg
 import msgspec
 
 from evalstream.common.messages import ItemResult
+from evalstream.common.names import is_plain_name
 from evalstream.common.reports import summarise
 from evalstream.common.results import RESULT_COLUMNS, pg_type
 
@@ -145,9 +146,12 @@ class ResultStore:
         self._created: dict[str, float] = {}
 
     async def known_runs(self, run_ids: Iterable[str]) -> set[str]:
-        rows = await self.pool.fetch(
-            "SELECT run_id FROM runs WHERE run_id = ANY($1::text[])", list(set(run_ids))
-        )
+        """Those of `run_ids` that are runs (an id that is no plain name never is: names.py,
+        and it never reaches the database, which would refuse a NUL in it)."""
+        plain = [r for r in set(run_ids) if is_plain_name(r)]
+        if not plain:
+            return set()
+        rows = await self.pool.fetch("SELECT run_id FROM runs WHERE run_id = ANY($1::text[])", plain)
         return {r["run_id"] for r in rows}
 
     async def write(
@@ -167,15 +171,15 @@ class ResultStore:
                 " ON CONFLICT (dlq_partition, dlq_offset, dlq_timestamp) DO NOTHING",
                 [
                     (
-                        d.run_id,
-                        d.item_id,
-                        d.original_topic,
+                        storable(d.run_id),
+                        storable(d.item_id),
+                        storable(d.original_topic),
                         d.original_partition,
                         d.original_offset,
                         d.dlq_partition,
                         d.dlq_offset,
                         d.dlq_timestamp,
-                        d.error,
+                        storable(d.error),
                         json.dumps(d.headers),
                         d.payload,
                     )

@@ -146,7 +146,7 @@ async def on_heartbeat(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
     if not record.value:
         if record.key:
-            router.fleet.forget(record.key.decode())
+            router.fleet.forget(record.key.decode(errors="replace"))
         return
     heartbeat = await service.decode_or_dead_letter(broker, record, Heartbeat)
     if heartbeat is not None:

@@ -30,6 +30,7 @@ from evalstream.router.parking import ParkingPolicy
 from evalstream.router.routing import Blocked, Placement, Router
 
 log = logging.getLogger("evalstream.router")
+MAX_HOLD_S = 600.0  # RetryPolicy's longest delay (messages.RetryPolicy.problems)
 
 
 class ShuttingDown(Exception):
@@ -167,8 +168,12 @@ class Dispatcher:
 
     async def hold_until_due(self, shard: Shard) -> None:
         """A retry holds its partition (eval.retry only) until it is due. A parked shard is
-        due as soon as a group that serves it is alive again: it waited only for that."""
-        while (wait := shard.not_before - time.time()) > 0:
+        due as soon as a group that serves it is alive again: it waited only for that. No
+        shard holds it longer than MAX_HOLD_S, whatever its not_before says (a retry policy
+        asks for 600 s at most, parking for less): a message cannot choose how long the
+        router waits."""
+        due = min(shard.not_before, time.time() + MAX_HOLD_S)
+        while (wait := due - time.time()) > 0:
             if shard.parked_at and self.router.fleet.eligible(shard.model, shard.worker_group):
                 return
             await self.router.wait_change(min(wait, 1.0))
