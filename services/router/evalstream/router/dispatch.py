@@ -104,7 +104,7 @@ class Dispatcher:
     ) -> None:
         if shard.not_before > time.time():
             await batch.settle()
-            await self.hold_until_due(shard)
+            await self.hold_until_due(shard, record.timestamp / 1000)
         wait = self.parking.wait_for(shard, lambda: self.router.fleet.known(shard.model, shard.worker_group))
         placement = await self.place(shard, wait.give_up, before_waiting=batch.settle)
         if isinstance(placement, Placement):
@@ -166,13 +166,15 @@ class Dispatcher:
         ).inc()
         return acknowledged
 
-    async def hold_until_due(self, shard: Shard) -> None:
+    async def hold_until_due(self, shard: Shard, published_at: float | None = None) -> None:
         """A retry holds its partition (eval.retry only) until it is due. A parked shard is
-        due as soon as a group that serves it is alive again: it waited only for that. No
-        shard holds it longer than MAX_HOLD_S, whatever its not_before says (a retry policy
-        asks for 600 s at most, parking for less): a message cannot choose how long the
-        router waits."""
-        due = min(shard.not_before, time.time() + MAX_HOLD_S)
+        due as soon as a group that serves it is alive again: it waited only for that. A
+        message cannot choose how long the router waits: no shard is held past its retry
+        policy's longest delay (at most 600 s) plus the longest parking interval after it
+        was published, whatever its not_before says."""
+        longest = min(MAX_HOLD_S, max(0.0, shard.retry.max_delay_s)) + self.parking.interval_max_s
+        start = published_at if published_at is not None else time.time()
+        due = min(shard.not_before, start + longest)
         while (wait := due - time.time()) > 0:
             if shard.parked_at and self.router.fleet.eligible(shard.model, shard.worker_group):
                 return
