@@ -1,6 +1,7 @@
 """Parking: what the router does with a shard that no healthy group serves.
 
-It waits, but only ROUTER_PARK_AFTER_S (the group may be restarting); then it is parked on
+It waits, but only ROUTER_PARK_AFTER_S (the group may be restarting; a model no group ever
+served does not wait at all); then it is parked on
 the retry topic and looked at again later (`interval`), so that one run pinned to a dead
 group never stalls the other runs sharing its partition. The shards behind one that was
 just parked for the same target (model, pinned group) park at once, so that a dead group's
@@ -40,10 +41,12 @@ class ParkingPolicy:
         now = self.monotonic()
         last = self._last_parked.get((shard.model, shard.worker_group))
         recently = last is not None and now - last < self.interval_s
+        # A model no group has ever served is not restarting: waiting for it would only
+        # hold the partition (a job may name any model), so it parks at once.
         return ShardWait(
             policy=self,
             parked_at=shard.parked_at or self.wall(),
-            park_from=now if recently else now + self.park_after_s,
+            park_from=now if recently or not known() else now + self.park_after_s,
             known=known,
         )
 
