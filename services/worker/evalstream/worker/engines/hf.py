@@ -654,7 +654,9 @@ def sum_logprobs(logits: Any, targets: Sequence[list[int]]) -> list[tuple[float,
         picked, greedy = [], True
         for start in range(0, len(row), LOG_SOFTMAX_CHUNK):
             end = min(start + LOG_SOFTMAX_CHUNK, len(row))
-            chunk = torch.log_softmax(logits[offset + start : offset + end], dim=-1)
+            # in fp32 whatever the model's dtype (a bf16 log-softmax loses ~3 digits; lm-eval
+            # keeps the logits' dtype unless told otherwise: the same on the CPU's fp32)
+            chunk = torch.log_softmax(logits[offset + start : offset + end].float(), dim=-1)
             part = wanted[start:end]
             picked.append(chunk.gather(1, part[:, None]).squeeze(1))
             greedy = greedy and bool((chunk.argmax(dim=-1) == part).all())
