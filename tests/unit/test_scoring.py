@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 import random
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from evalstream.worker.engines.base import (
     RollingRequest,
     TransientEngineError,
 )
-from evalstream.worker.engines.hf import encode_pair, rolling_windows, score_row
+from evalstream.worker.engines.hf import TokenizerEngine, encode_pair, rolling_windows, score_row
 from evalstream.worker.engines.null import NullEngine
 from evalstream.worker.engines.replay import ReplayEngine
 from evalstream.worker.engines.testhooks import ChaosEngine
@@ -568,3 +569,65 @@ def test_score_records_are_strict_json() -> None:
     with pytest.raises(ValueError):
         scoring.decode_choice_scores('{"loglikelihoods": [-1.0], "is_greedy": [true]}', 1)
     assert msgspec.json.decode(scores([-1.5]))["loglikelihoods"] == [-1.5]
+
+
+# ---- the shared tokenizer engine's scoring, with a toy model -----------------------------------
+
+
+class ToyTokenizer:
+    """One token per character (id = code point), BOS 1 never added, pad 0."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids if i > 2)
+
+
+class ToyEngine(TokenizerEngine):
+    """A pass scores each target token -1 (greedy when it is a vowel); records the passes'
+    shapes; runs out of memory on passes of more than `fits` rows."""
+
+    def __init__(self, context_window: int = 64, fits: int = 99) -> None:
+        self.tokenizer = ToyTokenizer()
+        self.context_window = context_window
+        self._lock = threading.Lock()
+        self.score_pass_tokens, self.score_max_rows = 64, 4
+        self.fits = fits
+        self.shapes: list[tuple[int, int, int]] = []
+
+    def _score_pass(self, score_pass: ScorePass, rows: Sequence[Any]) -> list[tuple[float, bool]]:
+        if len(rows) > self.fits:
+            raise MemoryError("toy out of memory")
+        self.shapes.append((len(rows), score_pass.width, score_pass.keep))
+        return [(-float(len(r.targets)), all(chr(t) in "aeiou" for t in r.targets)) for r in rows]
+
+
+def test_passes_are_filled_to_their_size_and_split_when_out_of_memory() -> None:
+    engine = ToyEngine()
+    outs = engine.loglikelihood(
+        [LLRequest("a", "abc", " de"), LLRequest("b", "xy", "a"), LLRequest("c", "", "q")]
+    )
+    assert [(o.loglikelihood, o.is_greedy) for o in outs if isinstance(o, LLOutput)] == [
+        (-3.0, False), (-1.0, True), (-1.0, False)
+    ]  # fmt: skip
+    assert {rows for rows, _, _ in engine.shapes} == {4}  # 64 tokens / width 8: 4 rows, fillers included
+    small = ToyEngine(fits=1)
+    outs = small.loglikelihood([LLRequest("a", "abc", " de"), LLRequest("b", "xyz", "ab")])
+    assert [o.loglikelihood for o in outs if isinstance(o, LLOutput)] == [-3.0, -2.0]
+    assert (1, 8, 8) in small.shapes and all(rows == 1 for rows, _, _ in small.shapes)
+
+
+def test_rolling_documents_sum_their_windows_and_bad_requests_fail_alone() -> None:
+    engine = ToyEngine(context_window=8)
+    doc = "abcdefghijklmnopqrst"  # 20 tokens: windows of 8
+    outs = engine.loglikelihood_rolling([RollingRequest("d", doc), RollingRequest("e", "")])
+    first, empty = outs
+    assert isinstance(first, LLOutput) and first.loglikelihood == -20.0 and first.scored_tokens == 20
+    assert isinstance(empty, PermanentEngineError)
+    (too_long,) = engine.loglikelihood([LLRequest("x", "ab", "c" * 9)])
+    assert isinstance(too_long, PermanentEngineError) and "exceed" in str(too_long)
+    (cut,) = engine.loglikelihood([LLRequest("x", "a" * 20, " b")])
+    assert isinstance(cut, LLOutput) and cut.truncated and cut.scored_tokens == 2

@@ -10,7 +10,6 @@ torch and transformers are imported lazily so that importing this package stays 
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import json
@@ -414,8 +413,14 @@ class TokenizerEngine:
         with self._lock:
             for score_pass in plan:
                 group = [rows[i] for i in score_pass.rows]
+
+                def run(
+                    part: Sequence[ScoreRow], p: ScorePass = score_pass, whole: list[ScoreRow] = group
+                ) -> list[tuple[float, bool]]:
+                    return self._run_pass(p, part, fill=part is whole)
+
                 try:
-                    scores = split_on_oom(group, functools.partial(self._run_pass, score_pass), self._is_oom)
+                    scores = split_on_oom(group, run, self._is_oom)
                 except Exception as exc:  # a bug or a device fault: let the retry path decide
                     log.exception("scoring failed for a pass of %d rows", len(group))
                     why = f"scoring failed: {type(exc).__name__}: {exc}"
@@ -424,19 +429,17 @@ class TokenizerEngine:
                     out[i] = score
         return [o if o is not None else TransientEngineError("no score") for o in out]
 
-    def _run_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
-        """The pass's rows, filled up to its size with repeats of the first (a half of a pass
-        split after running out of memory keeps the size)."""
-        filled = (
-            [*rows, *[rows[0]] * (score_pass.size - len(rows))] if len(rows) < score_pass.size else list(rows)
-        )
+    def _run_pass(
+        self, score_pass: ScorePass, rows: Sequence[ScoreRow], *, fill: bool = True
+    ) -> list[tuple[float, bool]]:
+        """The pass's rows, filled up to its size with repeats of the first. A part of a pass
+        split after running out of memory runs as it is: smaller, so that it fits (its rows'
+        numbers then differ from the planned pass's in the last digits)."""
+        filled = [*rows, *[rows[0]] * (score_pass.size - len(rows))] if fill else list(rows)
         return self._score_pass(score_pass, filled)[: len(rows)]
 
     def _score_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
         raise NotImplementedError
-
-    def _vocab_size(self) -> int:
-        return max(1, len(self.tokenizer))
 
     def _is_oom(self, exc: BaseException) -> bool:
         return _is_oom(exc)
