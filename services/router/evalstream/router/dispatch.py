@@ -83,16 +83,30 @@ class Dispatcher:
         assigned: Callable[[service.Record], bool],
         commit: Commit | None,
     ) -> None:
-        """Routes a poll's shards in order, each inside its record's span (its forward
-        carries the trace on); returns once every forward is on the broker."""
+        """Routes a poll's shards, each inside its record's span (its forward carries the
+        trace on), in order within each partition and the partitions side by side: a shard
+        that waits (back-pressure, a retry not yet due, a group away) holds only its own
+        partition. Returns once every forward is on the broker."""
         batch = Batch(commit)
-        for shard, record, span in shards:
-            if span is None:
-                await self.route(shard, record, batch, assigned)
-            else:
-                with trace.use_span(span, end_on_exit=False):
+        by_partition: dict[tuple[str, int], list[tuple[Shard, service.Record, Span | None]]] = {}
+        for entry in shards:
+            by_partition.setdefault((entry[1].topic, entry[1].partition), []).append(entry)
+
+        async def in_order(entries: list[tuple[Shard, service.Record, Span | None]]) -> None:
+            for shard, record, span in entries:
+                if span is None:
                     await self.route(shard, record, batch, assigned)
-            batch.finished(record)
+                else:
+                    with trace.use_span(span, end_on_exit=False):
+                        await self.route(shard, record, batch, assigned)
+                batch.finished(record)
+
+        try:
+            async with asyncio.TaskGroup() as partitions:
+                for entries in by_partition.values():
+                    partitions.create_task(in_order(entries))
+        except BaseExceptionGroup as failed:
+            raise _first(failed) from None  # the handler's callers know plain exceptions
         await asyncio.gather(*batch.sends)
 
     async def route(
@@ -214,3 +228,9 @@ class Dispatcher:
                 self.broker, encode(one), headers, key=shard_key_of(shard), reason="unroutable"
             )
         SHARDS.labels(service="router", outcome="unroutable").inc()
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception of a (possibly nested) group."""
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first
