@@ -5,8 +5,10 @@ Each shard goes to a healthy worker group that serves its model, chosen by ROUTE
 (router/fleet.py, router/health.py). Opted-in runs may be sent to a lighter model while the
 requested one violates its SLA (router/sla.py); the shard then carries `served_model`.
 
-Shards arrive in polls (up to ROUTER_BATCH_RECORDS), routed in order and forwarded without
-waiting for each acknowledgement; a poll is committed once all of it is on the broker.
+Shards of eval.shards arrive in polls (up to ROUTER_BATCH_RECORDS), routed in order within
+each partition and forwarded without waiting for each acknowledgement; a poll is committed
+once all of it is on the broker. eval.retry is read one record at a time by one consumer per
+partition: a retry waits there until it is due, holding only its own partition.
 
 Back-pressure: when every eligible group is saturated (outstanding shards ≥ ROUTER_MAX_LAG
 per live member) the handler commits what it forwarded so far and holds the shard, waiting,
@@ -77,12 +79,12 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
     def assigned(record: service.Record) -> bool:
         """False when a rebalance took the record's partition away while it waited: its new
         owner routes it (from the committed offset), so this one must not."""
-        consumer = subscribers[topic].consumer
+        consumer = getattr(record, "consumer", None) or subscribers[topic].consumer
         return consumer is None or TopicPartition(record.topic, record.partition) in consumer.assignment()
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         consumer = subscribers[topic].consumer
-        if consumer is not None:
+        if consumer is not None and inputs[topic].get("batch"):  # one record: committed after it
             await consumer.commit({tp: o for tp, o in offsets.items() if tp in consumer.assignment()})
 
     async def route_records(records: Sequence[service.Record]) -> None:
@@ -98,7 +100,8 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
             await dispatcher.route_batch(shards, assigned, commit)
 
     async def route(msg: KafkaMessage) -> None:
-        await guard.run(service.records_of(msg), route_records)
+        records = service.records_of(msg) if inputs[topic].get("batch") else (service.record_of(msg),)
+        await guard.run(records, route_records)
 
     return route
 
@@ -114,14 +117,19 @@ guard = PoisonGuard(
 )
 
 
-def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]:
-    """Subscriber arguments for an input topic: polls of shards, and a consumer group of its
-    own for a replaced topic (it must not share the stack router's group)."""
+def _input(topic: str, default_topic: str, default_group: str, *, batch: bool) -> dict[str, Any]:
+    """Subscriber arguments for an input topic, with a consumer group of its own for a
+    replaced topic (it must not share the stack router's group). eval.shards comes in polls
+    (many shards, rarely waiting); eval.retry one record at a time, one consumer per
+    partition: a retry that waits until it is due holds only its own partition."""
+    shape: dict[str, Any] = (
+        {"batch": True, "max_records": settings.router_batch_records, "batch_timeout_ms": 100}
+        if batch
+        else {"max_workers": next((t.partitions for t in topics.BASE_TOPICS if t.name == topic), 3)}
+    )
     return {
         "group_id": default_group if topic == default_topic else f"{topics.ROUTER_GROUP}.{topic}",
-        "batch": True,
-        "max_records": settings.router_batch_records,
-        "batch_timeout_ms": 100,
+        **shape,
         "auto_offset_reset": "earliest",
         "ack_policy": AckPolicy.NACK_ON_ERROR,
         # Waiting for room (back-pressure) is deliberate, not a stuck consumer: don't let
@@ -130,9 +138,9 @@ def _input(topic: str, default_topic: str, default_group: str) -> dict[str, Any]
     }
 
 
-inputs = {SHARDS_TOPIC: _input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP)}
+inputs = {SHARDS_TOPIC: _input(SHARDS_TOPIC, topics.SHARDS, topics.ROUTER_GROUP, batch=True)}
 if RETRY_TOPIC:
-    inputs[RETRY_TOPIC] = _input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP)
+    inputs[RETRY_TOPIC] = _input(RETRY_TOPIC, topics.RETRY, topics.RETRY_GROUP, batch=False)
 group_of = {topic: str(kw["group_id"]) for topic, kw in inputs.items()}
 subscribers = {topic: broker.subscriber(topic, **kw) for topic, kw in inputs.items()}
 for _topic, _subscriber in subscribers.items():
