@@ -284,6 +284,16 @@ async def test_sla_fallback_sends_opted_in_runs_to_the_lighter_group_only(
         router, port = spawn("evalstream.router", **env)
         await asyncio.to_thread(router.wait_healthy, port)
         before = {g: await topic_end_offsets(topics.work_topic(g)) for g in (big_group, small_group)}
+
+        def tier() -> float:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            pattern = rf'^evalstream_router_sla_fallback_tier{{model="{re.escape(big)}"}} ([0-9.e+-]+)$'
+            found = re.search(pattern, text, re.M)
+            return float(found.group(1)) if found else 0.0
+
+        # the router has judged the big group's heartbeats against the SLA before any shard comes
+        await wait_until(lambda: _true(tier() >= 1), 60, what="the SLA fallback tier to rise")
         opted, plain = unique("run-opt"), unique("run-plain")
         await publish_shards(inbox, shards_for(opted, big, 4, opt_in=True) + shards_for(plain, big, 4))
 

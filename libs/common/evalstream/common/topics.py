@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from evalstream.common.names import plain_name
 from evalstream.common.settings import TopicSettings
 
 _SETTINGS = TopicSettings.from_env()
@@ -31,12 +32,13 @@ RETRY_GROUP = f"{PREFIX}evalstream-retry"
 
 
 def work_topic(group: str) -> str:
-    """The topic a worker group consumes."""
-    return f"{WORK_PREFIX}{group}"
+    """The topic a worker group consumes (ValueError for a group that is no plain name:
+    names.py, the one check of names that become keys, topics or paths)."""
+    return f"{WORK_PREFIX}{plain_name(group, 'worker group')}"
 
 
 def worker_consumer_group(group: str) -> str:
-    return f"{PREFIX}evalstream-worker-{group}"
+    return f"{PREFIX}evalstream-worker-{plain_name(group, 'worker group')}"
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ from faststream.kafka.annotations import KafkaMessage
 from opentelemetry.trace import Span
 
 from evalstream.common import service, telemetry, topics
-from evalstream.common.messages import Heartbeat, Shard
+from evalstream.common.messages import Heartbeat, Shard, decode
 from evalstream.common.metrics import SHARDS
+from evalstream.common.names import plain_name_problem
 from evalstream.common.poison import PoisonGuard, broker_probe
 from evalstream.common.settings import RouterSettings
 from evalstream.router.dispatch import Dispatcher, ShuttingDown
@@ -156,7 +157,7 @@ async def on_heartbeat(msg: KafkaMessage) -> None:
         if record.key:
             router.fleet.forget(record.key.decode(errors="replace"))
         return
-    heartbeat = await service.decode_or_dead_letter(broker, record, Heartbeat)
+    heartbeat = await service.decode_or_dead_letter(broker, record, Heartbeat, decode_heartbeat)
     if heartbeat is not None:
         router.observe(heartbeat)
     elif record.key:
@@ -164,6 +165,16 @@ async def on_heartbeat(msg: KafkaMessage) -> None:
         # it and a restarted router does not report it again (each router replica reports
         # it once, since every replica reads every heartbeat).
         await broker.publish(None, topics.HEARTBEATS, key=record.key)
+
+
+def decode_heartbeat(raw: bytes) -> Heartbeat:
+    """A heartbeat, refused (a dead letter) when its group or worker id is no plain name: a
+    group's name becomes a topic name (names.py), so a forged one must not become a group."""
+    heartbeat = decode(raw, Heartbeat)
+    for what, value in (("group", heartbeat.group), ("worker_id", heartbeat.worker_id)):
+        if problem := plain_name_problem(value, what):
+            raise ValueError(problem)
+    return heartbeat
 
 
 async def start_background() -> None:

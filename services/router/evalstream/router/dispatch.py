@@ -25,6 +25,7 @@ from opentelemetry.trace import Span
 from evalstream.common import service, topics
 from evalstream.common.messages import Shard, encode
 from evalstream.common.metrics import ROUTER_BACKPRESSURE, ROUTER_ROUTED, SHARDS
+from evalstream.common.names import plain_name_problem
 from evalstream.common.spread import shard_key_of
 from evalstream.router.parking import ParkingPolicy
 from evalstream.router.routing import Blocked, Placement, Router
@@ -116,6 +117,11 @@ class Dispatcher:
         batch: Batch,
         assigned: Callable[[service.Record], bool] = still_assigned,
     ) -> None:
+        if shard.worker_group is not None and (
+            problem := plain_name_problem(shard.worker_group, "worker_group")
+        ):
+            await self.dead_letter_unroutable(shard, record, 0.0, problem)  # no group can ever be it
+            return
         if shard.not_before > time.time():
             await batch.settle()
             await self.hold_until_due(shard, record.timestamp / 1000)
@@ -215,9 +221,11 @@ class Dispatcher:
             return True
         return None if stopping() else False
 
-    async def dead_letter_unroutable(self, shard: Shard, record: service.Record, waited_s: float) -> None:
+    async def dead_letter_unroutable(
+        self, shard: Shard, record: service.Record, waited_s: float, why: str | None = None
+    ) -> None:
         where = f"group {shard.worker_group!r}" if shard.worker_group else "any worker group"
-        error = f"no healthy worker group serves model {shard.model!r} ({where}) after {waited_s:.0f}s"
+        error = why or f"no healthy worker group serves model {shard.model!r} ({where}) after {waited_s:.0f}s"
         log.warning("shard %s: %s", shard.shard_id, error)
         for item in shard.items:
             one = msgspec.structs.replace(shard, items=[item])

@@ -87,6 +87,8 @@ class Router:
     def refresh_weights(self, now: float) -> None:
         for term, w in self.weights.observe(now, self.fleet.live_views(now)).items():
             ROUTER_POLICY_WEIGHT.labels(term=term).set(w)
+        for model in self.fallback:  # the SLA gauges follow the fleet, not only the traffic
+            self.sla_tier(model, now)
 
     # ------------------------------------------------------------------ decision
 
