@@ -130,7 +130,7 @@ def test_the_issues_promises_hold() -> None:
 def test_no_grant_reaches_beyond_the_pipelines_names() -> None:
     known = (*BASE, topics.WORK_PREFIX)
     groups = (
-        topics.worker_consumer_group(""),
+        topics.WORKER_GROUP_PREFIX,
         topics.ROUTER_GROUP,
         topics.RETRY_GROUP,
         topics.PRODUCER_GROUP,

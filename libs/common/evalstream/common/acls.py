@@ -51,7 +51,7 @@ def _group(principal: str, name: str, *, op: Operation = "Read", prefixed: bool 
 def grants() -> tuple[Grant, ...]:
     """The table. Read on a topic or group implies Describe; Write on a topic implies
     Describe and idempotent writes. Every service may dead-letter what it cannot decode."""
-    work, worker_groups = topics.WORK_PREFIX, topics.worker_consumer_group("")
+    work, worker_groups = topics.WORK_PREFIX, topics.WORKER_GROUP_PREFIX
     table = [
         # producer: jobs in, shards out
         *_topic(PRODUCER, "Read", topics.JOBS),

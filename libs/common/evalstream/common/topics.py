@@ -22,6 +22,7 @@ DLQ = f"{PREFIX}eval.dlq"
 HEARTBEATS = f"{PREFIX}eval.heartbeats"
 CONTROL = f"{PREFIX}eval.control"  # requests from evalctl the services act on (messages.Redrive)
 WORK_PREFIX = f"{PREFIX}eval.work."
+WORKER_GROUP_PREFIX = f"{PREFIX}evalstream-worker-"  # + the group's name: its consumer group
 
 PRODUCER_GROUP = f"{PREFIX}evalstream-producer"
 ROUTER_GROUP = f"{PREFIX}evalstream-router"
@@ -38,7 +39,7 @@ def work_topic(group: str) -> str:
 
 
 def worker_consumer_group(group: str) -> str:
-    return f"{PREFIX}evalstream-worker-{plain_name(group, 'worker group')}"
+    return f"{WORKER_GROUP_PREFIX}{plain_name(group, 'worker group')}"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,15 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True):
 _KINDS: dict[str, type[TaskError]] = {"refused": TaskRefused, "data": TaskDataError, "task": TaskError}
 
 
+# What the child may see of the parent's environment: what Python needs to start and find
+# the project, never a credential (the task is untrusted; what it reads comes in the request).
+_INHERITED = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "HOME", "TMPDIR")
+
+
+def _inherited() -> dict[str, str]:
+    return {k: os.environ[k] for k in _INHERITED if k in os.environ}
+
+
 def _apply_limits(request: Request) -> None:
     """Set by the child on itself, first thing (not by a preexec_fn: the caller may run threads)."""
     resource.setrlimit(resource.RLIMIT_AS, (request.memory_bytes, request.memory_bytes))
@@ -87,7 +96,7 @@ def read_tasks_isolated(
             input=msgspec.json.encode(request),
             capture_output=True,
             timeout=timeout,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+            env={**_inherited(), "PYTHONHASHSEED": "0"},
         )
     except subprocess.TimeoutExpired:
         raise TaskError(
