@@ -269,6 +269,7 @@ def measure_regrade(run_id: str, items: int, deadline_s: float) -> dict[str, Any
     from evalstream.common.settings import Settings
 
     settings = Settings.from_env()
+    asyncio.run(pipeline_runs.wait_status(run_id, "completed", deadline_s))  # only a completed run regrades
     new_id = new_run_id()
     meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()

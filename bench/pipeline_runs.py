@@ -94,6 +94,21 @@ async def wait_results(run_id: str, total: int, timeout: float, poll_s: float) -
         await conn.close()
 
 
+async def wait_status(run_id: str, status: str, timeout: float) -> None:
+    """Until the run has `status` (its rows come first: completion follows them)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(os.environ["DATABASE_URL"])
+    try:
+        deadline = time.monotonic() + timeout
+        while await conn.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) != status:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} not {status} after {timeout:.0f}s")
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
+
+
 def run_pipeline(
     rows: Sequence[Mapping[str, Any]] | Path,
     *extra: str,
