@@ -326,9 +326,9 @@ class AggregatorSettings(ServiceSettings, DatabaseSettings, S3Settings, TestHook
     # A results window (aggregator/sink.py) closes at this many records, or once the broker
     # has this many bytes for it, or after this long: one transaction, Parquet rewrite and
     # Delta commit per window, and results of a slow run still appear within the time bound.
-    aggregator_window_records: int = 1000
-    aggregator_window_bytes: int = 4 * 1024 * 1024
-    aggregator_window_ms: int = 250
+    aggregator_window_records: int = 2000
+    aggregator_window_bytes: int = 16 * 1024 * 1024
+    aggregator_window_ms: int = 500
 
 
 @dataclass(frozen=True)

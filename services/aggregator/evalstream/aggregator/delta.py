@@ -91,13 +91,15 @@ class DeltaResults:
         self.options = options
         self._table: DeltaTable | None = None
 
-    def table(self) -> DeltaTable | None:
+    def table(self, *, refresh: bool = True) -> DeltaTable | None:
+        """The table at its latest version (`refresh`), or as last read: the sink reads it
+        once per window, under the lock that keeps every other writer out until it commits."""
         if self._table is None:
             try:
                 self._table = DeltaTable(self.uri, storage_options=self.options)
             except TableNotFoundError:
                 return None
-        else:
+        elif refresh:
             self._table.update_incremental()
         return self._table
 
@@ -121,7 +123,7 @@ class DeltaResults:
             app_transactions=[Transaction(a, v) for a, v in sorted(transactions.items())],
             custom_metadata={"writer": "evalstream-aggregator"},
         )
-        table = self.table()
+        table = self.table(refresh=False)  # read by held() in this window, under the same lock
         if not merged or table is None:
             write_deltalake(
                 table if table is not None else self.uri,
