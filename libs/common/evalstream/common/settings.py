@@ -326,8 +326,9 @@ class AggregatorSettings(ServiceSettings, DatabaseSettings, S3Settings, TestHook
     # A results window (aggregator/sink.py) closes at this many records, or once the broker
     # has this many bytes for it, or after this long: one transaction, Parquet rewrite and
     # Delta commit per window, and results of a slow run still appear within the time bound.
+    # The bytes also bound a window's memory (a fast run's backlog fills every window alike).
     aggregator_window_records: int = 2000
-    aggregator_window_bytes: int = 16 * 1024 * 1024
+    aggregator_window_bytes: int = 4 * 1024 * 1024
     aggregator_window_ms: int = 500
 
 

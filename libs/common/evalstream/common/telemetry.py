@@ -29,6 +29,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
     ALWAYS_ON,
     Decision,
     ParentBased,
@@ -80,8 +81,12 @@ def setup(service: str, settings: TelemetrySettings | None = None) -> TracerProv
         resource = Resource.create(
             {"service.name": f"evalstream-{service}", "service.namespace": "evalstream"}
         )
-        provider = TracerProvider(resource=resource, sampler=ParentBased(root=_QuietSampler()))
-        if settings.otel_exporter_otlp_traces_endpoint or settings.otel_exporter_otlp_endpoint:
+        exporting = bool(settings.otel_exporter_otlp_traces_endpoint or settings.otel_exporter_otlp_endpoint)
+        # Without a collector, spans are not recorded: they still carry trace ids (to the log
+        # lines and the messages' headers), at a fraction of the cost of spans nobody reads.
+        sampler = ParentBased(root=_QuietSampler()) if exporting else ALWAYS_OFF
+        provider = TracerProvider(resource=resource, sampler=sampler)
+        if exporting:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             # The exporter takes the endpoint, headers, timeout from the OTEL_* variables.

@@ -39,9 +39,10 @@ _consumer: dict[str, Any] = {
     # The window's bounds, kept by the broker: a fetch returns once this many bytes are
     # there or the time is up, so a fast stream makes large windows and a slow one is
     # still written within the time bound.
-    "fetch_min_bytes": settings.aggregator_window_bytes,
+    "fetch_min_bytes": settings.aggregator_window_bytes // 2,
     "fetch_max_wait_ms": settings.aggregator_window_ms,
-    "max_partition_fetch_bytes": settings.aggregator_window_bytes,
+    "fetch_max_bytes": settings.aggregator_window_bytes,
+    "max_partition_fetch_bytes": max(1024 * 1024, settings.aggregator_window_bytes // 4),
     "auto_offset_reset": "earliest",
     "ack_policy": AckPolicy.NACK_ON_ERROR,
     "max_poll_interval_ms": 30 * 60 * 1000,
