@@ -1,8 +1,8 @@
 """A fake OpenAI-compatible provider for tests: a real HTTP server on 127.0.0.1, in a thread.
 
-It answers POST <base>/chat/completions, and POST <base>/completions with the prompt's
-log-probabilities (`echo`, `logprobs`, as vLLM does; `prompt_logprobs = False` answers
-without them, as a chat-only provider does). What it answers is up to the test:
+It answers POST <base>/chat/completions, and POST <base>/completions: a raw prompt's
+continuation, or with `echo` the prompt's log-probabilities (`logprobs`, as vLLM does;
+`prompt_logprobs = False` answers without them, as a chat-only provider does). What it answers is up to the test:
 
 * `answer(messages) -> text` gives the content of a normal reply (default: the sum for
   "What is A + B?", else "ok");
@@ -177,7 +177,7 @@ class FakeProvider:
         if reply.raw_body is not None:
             payload = reply.raw_body
         elif route == "text" and reply.status == 200:
-            payload = self._text_payload(body or {})
+            payload = self._text_payload(body or {}, reply)
         else:
             payload = self._payload(reply, body or {})
         try:
@@ -231,17 +231,24 @@ class FakeProvider:
             }
         return json.dumps(data).encode()
 
-    def _text_payload(self, body: dict[str, Any]) -> bytes:
+    def _text_payload(self, body: dict[str, Any], reply: Reply) -> bytes:
         """A completions answer echoing the prompt with its log-probabilities (max_tokens 0:
         nothing generated), the first token's None as vLLM's; or, without prompt_logprobs,
-        an answer whose logprobs are null."""
+        an answer whose logprobs are null. Without echo, a raw prompt's continuation: what
+        `answer` says of the prompt as one user message (or the reply's content)."""
         prompt = str(body.get("prompt") or "")
         tokens = fake_tokens(prompt)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": prompt if body.get("echo") else "",
-            "finish_reason": "length",
-        }
+        if body.get("echo"):
+            text = prompt
+        elif int(body.get("max_tokens") or 0) > 0:
+            text = (
+                reply.content
+                if reply.content is not None
+                else self.answer([{"role": "user", "content": prompt}])
+            )
+        else:
+            text = ""
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "length"}
         if self.prompt_logprobs and body.get("echo") and body.get("logprobs") is not None:
             values = [None if i == 0 else fake_logprob(t) for i, (t, _) in enumerate(tokens)]
             choice["logprobs"] = {
@@ -255,7 +262,12 @@ class FakeProvider:
             }
         else:
             choice["logprobs"] = None
-        usage = {"prompt_tokens": len(tokens), "completion_tokens": 0, "total_tokens": len(tokens)}
+        generated = 0 if body.get("echo") else len(text.split())
+        usage = {
+            "prompt_tokens": len(tokens),
+            "completion_tokens": generated,
+            "total_tokens": len(tokens) + generated,
+        }
         return json.dumps(
             {
                 "id": "cmpl-fake",

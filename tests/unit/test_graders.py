@@ -245,7 +245,7 @@ class TestRegistry:
     def test_names_aliases_and_arguments(self) -> None:
         assert set(GRADERS) == {
             *("exact", "numeric", "choice", "regex", "contains", "json", "code", "judge"),
-            *("loglikelihood", "perplexity"),
+            *("loglikelihood", "perplexity", "lm_eval"),
         }
         assert set(GRADER_NAMES) == {"auto", *GRADERS, "multiple_choice", "code_exec"}
         assert resolve_grader("code_exec", CODE_ITEM) == "code"

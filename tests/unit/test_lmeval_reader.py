@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from evalstream.common.graders import GRADERS
 from evalstream.common.lmeval import RenderedTask, TaskDataError, TaskError, TaskRefused, read_tasks
 from evalstream.common.lmeval.filters import apply_pipeline, exact_match, grade, regex_filter
 from evalstream.common.lmeval.isolation import read_tasks_isolated
@@ -618,17 +617,15 @@ def test_task_job_and_manifest_record_the_task() -> None:
         "arc_easy",
     )
     assert mc.task is not None and mc.task.files[0].path == "arc/arc_easy.yaml" and not warnings
-    if "lm_eval" in GRADERS:
-        assert task_job(tasks["gsm8k"], base)[0].grader == "lm_eval"
-    else:  # never graded otherwise without the user saying so
-        with pytest.raises(TaskRefused, match="pass --grader") as info:
-            task_job(tasks["gsm8k"], base)
-        assert info.value.key == "output_type"
+    lm, warnings = task_job(tasks["gsm8k"], base)
+    assert lm.grader == "lm_eval" and not warnings  # lm-eval's filters and exact_match
     gen, warnings = task_job(tasks["gsm8k"], base, grader="exact")
     assert gen.grader == "exact" and gen.generation.stop == ["Question:", "</s>", "<|im_end|>"]
-    assert any("chat template" in w for w in warnings) and any("not lm-eval's filters" in w for w in warnings)
+    assert [w for w in warnings if "not lm-eval's filters" in w]
     roll, _ = task_job(tasks["pile_10k"], base)
     assert roll.grader == "perplexity"
+    # every task's prompts are raw: lm-eval's context as it is, with no template of any kind
+    assert mc.raw_prompt and lm.raw_prompt and gen.raw_prompt and roll.raw_prompt and not base.raw_prompt
 
     def manifest(job: JobSpec) -> dict[str, Any]:
         return build_manifest(
@@ -649,6 +646,10 @@ def test_task_job_and_manifest_record_the_task() -> None:
     assert manifest_sha256(manifest(changed)) != manifest_sha256(m)
     again = request_from_manifest(json.loads(json.dumps(m)))
     assert msgspec.convert(again.task, type(mc.task)) == mc.task
+    # the raw prompt changes answers: recorded (and hashed), only for such runs
+    assert m["prompt"]["raw"] is True and again.raw_prompt
+    assert "raw" not in manifest(base)["prompt"] and not request_from_manifest(manifest(base)).raw_prompt
+    assert manifest_sha256(manifest(msgspec.structs.replace(mc, raw_prompt=False))) != manifest_sha256(m)
 
 
 def test_evalctl_submit_task_refuses_before_uploading(tmp_path: Path) -> None:

@@ -125,6 +125,7 @@ def plan_reproduction(
         bypass_cache=not use_cache,
         # the lm-eval task the items were rendered from (the items are the stored copy's)
         task=msgspec.convert(req.task, TaskSource) if req.task is not None else None,
+        raw_prompt=req.raw_prompt,
     )
     return Plan(job, blockers, warnings)
 

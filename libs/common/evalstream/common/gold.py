@@ -187,6 +187,17 @@ def judge_problem(item: Item, spec: str | None = None) -> str | None:
     return None if spec else f"item {item.id}: the judge grader needs a model: judge:<model SPEC>"
 
 
+def lm_eval_problem(item: Item, _argument: str | None = None) -> str | None:
+    """The lm_eval grader: a gold answer (the task's target) and lm-eval's filters and
+    exact_match options in meta.lm_eval, as `evalctl submit --task` writes them."""
+    from evalstream.common.lmeval.filters import meta_problem  # the task reader's package: loaded on use
+
+    if item.answer is None:
+        return f"item {item.id}: no gold answer (the task's target) to compare with"
+    problem = meta_problem((item.meta or {}).get("lm_eval"))
+    return f"item {item.id}: {problem}" if problem else None
+
+
 # grader (canonical name) -> why an item cannot be graded by it (given the SPEC's argument), or None
 ITEM_CHECKS: dict[str, Callable[[Item, str | None], str | None]] = {
     "exact": needs_gold,
@@ -199,6 +210,7 @@ ITEM_CHECKS: dict[str, Callable[[Item, str | None], str | None]] = {
     "judge": judge_problem,
     "loglikelihood": loglikelihood_problem,
     "perplexity": perplexity_problem,
+    "lm_eval": lm_eval_problem,
 }
 assert set(ITEM_CHECKS) == set(GRADERS), "every registered grader has its item check"
 

@@ -15,7 +15,11 @@ A grader SPEC is a name, or `name:argument` for the graders that take one:
 
 `loglikelihood` and `perplexity` score instead of generating (lm-eval's multiple_choice /
 loglikelihood and loglikelihood_rolling output types; evalstream.common.scoring): the engine
-scores the item's raw question, to which no template is applied. "auto" never picks them.
+scores the item's raw question, to which no template is applied. `lm_eval` grades a generated
+answer of an lm-eval generate_until task as lm-eval does: the task's filter pipelines (regex,
+take_first) and its exact_match options, from the item's `meta.lm_eval`
+(evalstream.common.lmeval.filters); the first pipeline's result is the grade. "auto" never
+picks these three.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ GRADERS: dict[str, GraderInfo] = {  # by canonical name
     # log-likelihood scoring (evalstream.common.scoring): the raw question, no template
     "loglikelihood": GraderInfo("1"),
     "perplexity": GraderInfo("1"),
+    # lm-eval's filters and exact_match on a generate_until task's answer (meta.lm_eval)
+    "lm_eval": GraderInfo("1"),
 }
 
 AUTO = "auto"

@@ -54,6 +54,14 @@ def job_problems(job: JobSpec) -> list[Problem]:
         out.append(
             Problem(line=None, field="prompt_template", message="template has no {question} placeholder")
         )
+    if job.raw_prompt and (job.prompt_template is not None or job.system_prompt is not None):
+        out.append(
+            Problem(
+                line=None,
+                field="raw_prompt",
+                message="a raw prompt is the question alone: no prompt_template or system_prompt with it",
+            )
+        )
     return out
 
 

@@ -4,8 +4,9 @@ a report can name exactly what produced it and `evalctl reproduce` can run it ag
 What the hash covers (`hashed_part`) is what determines the results: the dataset's content
 (order- and format-independent), the model SPEC and whether a fallback model may answer,
 the generation parameters and seed, the prompt templates actually applied (the job's own,
-or the workers' per-grader defaults), the system prompt, the grader and its version, and
-the code version. It leaves out what identifies one submission or how it was executed:
+or the workers' per-grader defaults), the system prompt, whether the question was sent raw
+(`prompt.raw`, present only for such runs: no template, system prompt or chat template),
+the grader and its version, and the code version. It leaves out what identifies one submission or how it was executed:
 run id and time (not in the manifest at all), the uploaded file (name, bytes hash, format:
 a CSV and a JSONL of the same items are the same dataset), where the copy is stored (bucket
 names differ between deployments), sharding, retries, worker pinning, cache use.
@@ -72,12 +73,17 @@ def code_version() -> dict[str, Any]:
 def prompt_section(job: JobSpec) -> dict[str, Any]:
     templates = effective_templates(job.prompt_template, graders_for(job.grader))
     system = job.system_prompt
-    return {
+    section: dict[str, Any] = {
         "templates": templates,  # grader -> template text (items with `messages` use none)
         "templates_sha256": templates_sha256(templates),
         "system_prompt": system,
         "system_prompt_sha256": hashlib.sha256(system.encode()).hexdigest() if system else None,
     }
+    if job.raw_prompt:
+        # only then (the hashes of other runs stay as they were): the question was the whole
+        # prompt, with none of the templates above, no system prompt and no chat template
+        section["raw"] = True
+    return section
 
 
 def build_manifest(
@@ -173,6 +179,7 @@ class Request:
     grader_version: str | None = None  # not recorded before manifest_version 2
     templates: dict[str, str] | None = None  # idem
     task: dict[str, Any] | None = None  # the lm-eval task section (`evalctl submit --task`), if any
+    raw_prompt: bool = False  # the question as the whole prompt (JobSpec.raw_prompt)
 
 
 def request_from_manifest(m: dict[str, Any]) -> Request:
@@ -204,4 +211,5 @@ def request_from_manifest(m: dict[str, Any]) -> Request:
         grader_version=m["grader"]["version"],
         templates=m["prompt"]["templates"],
         task=m.get("task"),
+        raw_prompt=bool(m["prompt"].get("raw", False)),
     )

@@ -108,6 +108,10 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     bypass_cache: bool = False
     # the lm-evaluation-harness task the dataset was rendered from (`evalctl submit --task`)
     task: TaskSource | None = None
+    # the model is sent each item's `question` exactly as it is: no system prompt, no prompt
+    # template, no chat template (an API model through its completions endpoint), as
+    # lm-eval sends a task's contexts (`evalctl submit --task` sets it)
+    raw_prompt: bool = False
     schema_version: int = SCHEMA_VERSION
 
 
@@ -168,6 +172,7 @@ class Shard(msgspec.Struct, frozen=True, kw_only=True):
     # A regrade's shard: the items' recorded answers, graded again with no engine call
     # (None: a shard to answer). An item without one here fails.
     answers: list[StoredAnswer] | None = None
+    raw_prompt: bool = False  # from the job: the question as the whole prompt, no template
     schema_version: int = SCHEMA_VERSION
 
 

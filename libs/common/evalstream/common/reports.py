@@ -11,6 +11,11 @@ lm-eval's standard error and a normal 95 % interval, and for one-continuation it
 perplexity = exp(-mean log-likelihood); for the `perplexity` grader word_perplexity,
 byte_perplexity and bits_per_byte (lm-eval's weighted aggregations over words and bytes).
 A perplexity run has no accuracy (None): nothing in it is right or wrong.
+
+A run graded by `lm_eval` (an lm-eval generate_until task) gets lm-eval's exact_match of
+each filter pipeline under `scores.filters` (gsm8k: strict-match, whose grade is the run's
+accuracy, and flexible-extract), each with its standard error and 95 % interval, read from
+the pipelines' answers each result keeps in `detail`.
 """
 
 from __future__ import annotations
@@ -91,12 +96,23 @@ FROM item_results WHERE run_id = $1
 """
 
 
+LM_EVAL = "lm_eval"
+_DETAILS = """
+SELECT detail FROM item_results WHERE run_id = $1 AND error IS NULL AND detail IS NOT NULL
+"""
+
+
 async def scores_summary(
     conn: asyncpg.Connection | asyncpg.Pool, run_id: str, grader: str
 ) -> dict[str, Any] | None:
-    """lm-eval's metrics of a log-likelihood run (the module's docstring), None for a run of
-    another grader."""
+    """lm-eval's metrics of a log-likelihood or lm_eval run (the module's docstring), None for
+    a run of another grader."""
     name = grader.partition(":")[0]
+    if name == LM_EVAL:
+        from evalstream.common.lmeval.filters import filter_counts  # the task reader's package, on use
+
+        rows = await conn.fetch(_DETAILS, run_id)
+        return filter_scores(filter_counts(r["detail"] for r in rows))
     if name not in scoring.SCORING_GRADERS:
         return None
     r = await conn.fetchrow(_SCORES, run_id)
@@ -124,6 +140,18 @@ def scores_from_sums(grader: str, r: dict[str, Any]) -> dict[str, Any]:
         out["acc_greedy" if r["mc_n"] else "acc"] = scoring.mean_with_interval(r["one_acc_sum"], r["one_n"])
         out["perplexity"] = scoring.perplexity_of_mean(r["one_ll_sum"], r["one_n"])
     return out
+
+
+def filter_scores(counts: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """The `scores` section of an lm_eval run from its per-pipeline counts (right, graded):
+    exact_match of each filter, as lm-eval reports `exact_match,strict-match` and the like."""
+    return {
+        "grader": LM_EVAL,
+        "scored": max((n for _, n in counts.values()), default=0),
+        "filters": {
+            name: {"exact_match": scoring.mean_with_interval(right, n)} for name, (right, n) in counts.items()
+        },
+    }
 
 
 async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dict[str, Any]:

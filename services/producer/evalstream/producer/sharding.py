@@ -67,6 +67,7 @@ def shard_template(run_id: str, job: JobSpec, index: int, count: int) -> Shard:
         worker_group=job.worker_group,
         sla_fallback=job.sla_fallback,
         bypass_cache=job.bypass_cache,
+        raw_prompt=job.raw_prompt,
     )
 
 

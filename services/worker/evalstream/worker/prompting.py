@@ -1,4 +1,4 @@
-"""Turns an item into the chat messages the model sees."""
+"""Turns an item into what the model sees: chat messages, or the raw question."""
 
 from __future__ import annotations
 
@@ -21,3 +21,14 @@ def build_messages(shard: Shard, item: Item, grader: str) -> list[ChatMessage]:
     text = template.replace("{question}", item.question or "").replace("{prompt}", item.question or "")
     text = text.replace("{choices}", format_choices(item.choices))
     return [*system, ChatMessage("user", text)]
+
+
+def raw_prompt(item: Item) -> str:
+    """The prompt of an item of a raw-prompt shard (Shard.raw_prompt): its question exactly,
+    with no system prompt, template or chat template, as lm-eval sends a task's context.
+    Raises ValueError for an item without one (a conversation has no raw form)."""
+    if item.question is None:
+        raise ValueError(
+            f"item {item.id}: a raw prompt is the item's question, and it has none (messages only)"
+        )
+    return item.question

@@ -4,7 +4,9 @@ For a set of shards it renders every prompt, serves what it can from the answer 
 plans length-sorted batches of the misses under the token budget, runs the engine off the
 event loop, and grades the answers. Items whose engine call failed come back as transient
 (to retry) or permanent (to dead-letter) failures. A regrade's shard carries its answers
-(`Shard.answers`): they are graded as they are, with no engine and no cache.
+(`Shard.answers`): they are graded as they are, with no engine and no cache. A raw-prompt
+shard (`Shard.raw_prompt`, lm-eval tasks) sends each item's question exactly: no system
+prompt, template or chat template; its cache keys are marked raw.
 
 Items graded by a scoring grader (`loglikelihood`, `perplexity`: evalstream.common.scoring)
 are scored instead of answered: one engine request per choice (the raw question as the
@@ -28,7 +30,7 @@ import msgspec
 
 from evalstream.common import evidence, scoring, telemetry
 from evalstream.common.keys import cache_key, score_cache_key
-from evalstream.common.messages import Item, ItemResult, Shard, StoredAnswer
+from evalstream.common.messages import ChatMessage, Item, ItemResult, Shard, StoredAnswer
 from evalstream.common.metrics import (
     BATCH_SIZE,
     ENGINE_BUSY,
@@ -55,7 +57,7 @@ from evalstream.worker.engines.base import (
 from evalstream.worker.grading import get_grader, resolve_grader
 from evalstream.worker.grading.base import Grade
 from evalstream.worker.grading_pool import GradeTask, GradingPool, GradingUnavailable
-from evalstream.worker.prompting import build_messages
+from evalstream.worker.prompting import build_messages, raw_prompt
 from evalstream.worker.sandbox import SandboxUnavailable
 
 log = logging.getLogger("evalstream.worker")
@@ -472,6 +474,10 @@ class ModelRunner:
             # the router's SLA fallback may hand the shard to a lighter model than requested
             model = shard.served_model or shard.model
             generation = msgspec.to_builtins(shard.generation)  # once per shard: part of every cache key
+            if shard.raw_prompt:
+                # a raw prompt's answer never shares a key with a chat prompt of the same text
+                # (an API engine sends them to different endpoints)
+                generation["raw_prompt"] = True
             for item in shard.items:
                 try:
                     engine = self.engine_for(model)
@@ -479,8 +485,13 @@ class ModelRunner:
                     if grader in scoring.SCORING_GRADERS:
                         scorings.append(self._scoring(shard, item, grader, engine, model))
                         continue
-                    messages = build_messages(shard, item, grader)
-                    prompt = engine.render_prompt(messages)
+                    raw: str | None = None
+                    if shard.raw_prompt:
+                        prompt = raw = raw_prompt(item)
+                        messages = [ChatMessage("user", raw)]
+                    else:
+                        messages = build_messages(shard, item, grader)
+                        prompt = engine.render_prompt(messages)
                     n_tokens = engine.count_tokens(prompt)
                 except EngineError as exc:
                     outcome.failures.append(
@@ -499,7 +510,9 @@ class ModelRunner:
                         generation=generation,
                         prompt=prompt,
                     )
-                request = GenRequest(item_id=item.id, messages=messages, params=gen, attempt=shard.attempt)
+                request = GenRequest(
+                    item_id=item.id, messages=messages, params=gen, attempt=shard.attempt, prompt=raw
+                )
                 pending.append(_Pending(shard, item, grader, engine, request, prompt, n_tokens, key))
         return pending, scorings
 

@@ -11,7 +11,7 @@ An item rendered by the task reader carries what they need in `meta.lm_eval`:
                             {"function": "take_first"}]}, ...]
     "metric": {"metric": "exact_match", "ignore_case": true, "regexes_to_ignore": [...]}
 
-`grade(response, item)` reads them: the answer of each filter pipeline (the first pipeline's
+`grade(response, meta, gold)` reads them (`meta_problem` checks them first): the answer of each filter pipeline (the first pipeline's
 is the item's grade, as the run's headline; lm-eval reports each), compared with the gold
 answer as exact_match compares. Differences from evalstream's `regex` and `exact` graders
 (why they are not used): RegexFilter takes the `group_select`-th match of `findall` (the
@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 MAX_PATTERN_CHARS = 2000
+DEFAULT_PATTERN = r"#### (\-?[0-9\.\,]+)"  # RegexFilter's default regex_pattern
 
 
 class CompiledPattern(Protocol):
@@ -84,7 +87,7 @@ def apply_pipeline(
         if function == "regex":
             out = regex_filter(
                 out,
-                step.get("regex_pattern", r"#### (\-?[0-9\.\,]+)"),
+                step.get("regex_pattern", DEFAULT_PATTERN),
                 int(step.get("group_select", 0)),
                 str(step.get("fallback", "[invalid]")),
                 compile_pattern,
@@ -123,6 +126,63 @@ def exact_match(
     return prediction.rstrip("\x00") == reference.rstrip("\x00")
 
 
+MAX_PIPELINES = 16  # lm-eval's own tasks have one to three
+MAX_STEPS = 16
+_METRIC_FLAGS = ("ignore_case", "ignore_punctuation", "ignore_numbers")
+
+
+def meta_problem(meta: Any) -> str | None:
+    """Why an item's `meta.lm_eval` cannot be graded by `grade` (its filters and metric
+    options as the task reader writes them; a dataset from elsewhere may hold anything), or
+    None."""
+    if not isinstance(meta, dict):
+        return "no meta.lm_eval (the filters and exact_match options `evalctl submit --task` writes)"
+    pipelines = meta.get("filters")
+    if pipelines is not None:
+        if not isinstance(pipelines, list) or not 1 <= len(pipelines) <= MAX_PIPELINES:
+            return f"meta.lm_eval.filters must be a list of 1..{MAX_PIPELINES} filter pipelines"
+        for i, pipeline in enumerate(pipelines):
+            steps = pipeline.get("filter") if isinstance(pipeline, dict) else None
+            if (
+                not isinstance(steps, list)
+                or len(steps) > MAX_STEPS
+                or not isinstance(pipeline.get("name", ""), str)
+            ):
+                return f"meta.lm_eval.filters[{i}]: expected {{name, filter: [at most {MAX_STEPS} steps]}}"
+            for j, step in enumerate(steps):
+                if problem := _step_problem(step):
+                    return f"meta.lm_eval.filters[{i}].filter[{j}]: {problem}"
+    metric = meta.get("metric")
+    if metric is None:
+        return None
+    if not isinstance(metric, dict) or metric.get("metric", "exact_match") != "exact_match":
+        return "meta.lm_eval.metric must be exact_match's options"
+    if any(not isinstance(metric.get(flag, False), bool) for flag in _METRIC_FLAGS):
+        return f"meta.lm_eval.metric: {', '.join(_METRIC_FLAGS)} must be true or false"
+    ignore = metric.get("regexes_to_ignore") or []
+    if not isinstance(ignore, list) or len(ignore) > MAX_STEPS or not all(isinstance(p, str) for p in ignore):
+        return f"meta.lm_eval.metric.regexes_to_ignore must be a list of at most {MAX_STEPS} patterns"
+    return next(
+        (f"meta.lm_eval.metric.regexes_to_ignore: {p}" for p in map(pattern_problem, ignore) if p), None
+    )
+
+
+def _step_problem(step: Any) -> str | None:
+    if not isinstance(step, dict) or step.get("function") not in ("regex", "take_first"):
+        return "only lm-eval's regex and take_first filters"
+    if step["function"] == "take_first":
+        return None
+    pattern = step.get("regex_pattern", DEFAULT_PATTERN)
+    if not isinstance(pattern, str):
+        return "regex_pattern must be a string"
+    group = step.get("group_select", 0)
+    if isinstance(group, bool) or not isinstance(group, int):
+        return "group_select must be an integer"
+    if not isinstance(step.get("fallback", "[invalid]"), str):
+        return "fallback must be a string"
+    return pattern_problem(pattern)
+
+
 @dataclass(frozen=True)
 class FilteredGrade:
     """Per filter pipeline: its name, the filtered answer and whether it matches the gold."""
@@ -153,3 +213,57 @@ def grade(
         )
         out.append(FilteredGrade(str(pipeline.get("name", "")), extracted, correct))
     return out
+
+
+# ---- a result's `detail`: every pipeline's answer, for the run summary's per-filter metrics
+
+
+class FilterResult(msgspec.Struct, frozen=True):
+    """One filter pipeline's answer in an lm_eval result's `detail` (its text clipped to fit)."""
+
+    name: str
+    extracted: str
+    correct: bool
+
+
+class FilterDetail(msgspec.Struct, frozen=True):
+    filters: list[FilterResult]
+
+
+def encode_detail(grades: Sequence[FilteredGrade], max_chars: int) -> str:
+    """The pipelines' answers as a result's `detail` (JSON: {"filters": [{name, extracted,
+    correct}]}) within `max_chars`: the extracted texts clipped shorter until the whole fits
+    (names and verdicts are what the run summary reads)."""
+    text = ""
+    for clip in (400, 100, 20, 0):
+        results = [FilterResult(g.name[:100], g.extracted[:clip], g.correct) for g in grades]
+        text = msgspec.json.encode(FilterDetail(results)).decode()
+        if len(text) <= max_chars:
+            break
+    return text
+
+
+_decode_detail = msgspec.json.Decoder(FilterDetail).decode
+
+
+def detail_results(detail: str | None) -> list[FilterResult] | None:
+    """The pipelines' answers of an lm_eval result's `detail`, or None for any other text."""
+    if not detail:
+        return None
+    try:
+        return _decode_detail(detail).filters
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def filter_counts(details: Iterable[str | None]) -> dict[str, tuple[int, int]]:
+    """pipeline name -> (items it got right, items graded), over the `detail` of each graded
+    item of an lm_eval run, pipelines in the order the results name them (lm-eval reports
+    exact_match per filter: gsm8k's strict-match and flexible-extract)."""
+    counts: dict[str, list[int]] = {}
+    for detail in details:
+        for result in detail_results(detail) or []:
+            row = counts.setdefault(result.name, [0, 0])
+            row[0] += result.correct
+            row[1] += 1
+    return {name: (right, n) for name, (right, n) in counts.items()}

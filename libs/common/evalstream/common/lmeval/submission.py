@@ -13,11 +13,6 @@ from evalstream.common.graders import GRADERS
 from evalstream.common.lmeval import GENERATION_GRADER, RenderedTask, TaskRefused
 from evalstream.common.messages import GenerationParams, Item, JobSpec
 
-RAW_PROMPT_WARNING = (
-    "workers render a generated prompt through the model's chat template (there is no raw "
-    "prompt mode yet), where lm-eval sends the raw context: answers can differ from lm-eval's"
-)
-
 
 def dataset_bytes(items: list[Item]) -> bytes:
     """The items as a JSONL dataset (what is uploaded; it loads back to the same items)."""
@@ -28,18 +23,17 @@ def dataset_bytes(items: list[Item]) -> bytes:
 
 def generation_grader(task: RenderedTask) -> str:
     """The grader of a generate_until task's run: `lm_eval` (lm-eval's filters and
-    exact_match over the raw answer). Where it is not registered yet, the task is refused: the
-    existing graders would grade it otherwise (evalstream's regex takes the last match and
-    compares normalised text with the whole target, where lm-eval takes the match
-    `group_select` names and first applies the metric's regexes_to_ignore to both; gsm8k's
-    target is the whole worked solution), so the user chooses one with --grader."""
+    exact_match over the raw answer, evalstream.common.lmeval.filters). Where a registry
+    lacks it the task is refused rather than graded otherwise (evalstream's regex takes the
+    last match and compares normalised text with the whole target, where lm-eval takes the
+    match `group_select` names and first applies the metric's regexes_to_ignore to both), so
+    the user chooses one with --grader."""
     if GENERATION_GRADER in GRADERS:
         return GENERATION_GRADER
     raise TaskRefused(
         f"lm-eval grades it with its filters ({', '.join(f['name'] for f in task.filters)}) and "
-        f"exact_match, the {GENERATION_GRADER!r} grader, which the workers do not have yet: pass "
-        f"--grader to grade with another (the items keep lm-eval's filters in meta.lm_eval; `evalctl "
-        f"regrade RUN --grader {GENERATION_GRADER}` grades them as lm-eval once it exists)",
+        f"exact_match, the {GENERATION_GRADER!r} grader, which this registry lacks: pass --grader "
+        "to grade with another",
         key="output_type",
         where=task.name,
     )
@@ -47,13 +41,14 @@ def generation_grader(task: RenderedTask) -> str:
 
 def task_job(task: RenderedTask, base: JobSpec, *, grader: str | None = None) -> tuple[JobSpec, list[str]]:
     """The job of one task's run: `base` (model, sharding, retries, name, ...) with the task's
-    grader, generation settings and source. `grader` overrides a generate_until task's."""
+    grader, generation settings and source, its prompts raw (each item's question is lm-eval's
+    context, sent as it is: no template, system prompt or chat template). `grader` overrides a
+    generate_until task's."""
     warnings = list(task.notes)
     if task.output_type == "generate_until":
         chosen = grader or generation_grader(task)
         if grader:
             warnings.append(f"{task.name}: graded with {grader!r}, not lm-eval's filters and exact_match")
-        warnings.append(f"{task.name}: {RAW_PROMPT_WARNING}")
         assert task.generation is not None
         generation = msgspec.structs.replace(task.generation, seed=base.generation.seed)
     else:
@@ -67,5 +62,6 @@ def task_job(task: RenderedTask, base: JobSpec, *, grader: str | None = None) ->
         system_prompt=None,
         name=base.name or task.name,
         task=task.source,
+        raw_prompt=True,
     )
     return job, warnings

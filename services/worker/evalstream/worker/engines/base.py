@@ -32,6 +32,10 @@ class GenRequest:
     messages: list[ChatMessage]  # system + user turns; engines render with their chat template
     params: GenerationParams
     attempt: int = 1
+    # A raw prompt (Shard.raw_prompt): the model reads this text exactly, instead of the
+    # rendered `messages` (no chat template; an API engine uses its completions endpoint).
+    # `messages` then holds it as one user turn, for engines that only record prompts.
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -279,8 +279,9 @@ LOG_SOFTMAX_CHUNK = 1024  # positions normalised at once
 
 class TokenizerEngine:
     """What every engine driven by a transformers tokenizer shares (hf:, ov:): the prompt
-    rendered by the model's chat template, requests checked, tokenised and middle-truncated
-    alike, grouped by sampling settings, and a failure of a group turned into a transient
+    rendered by the model's chat template (a raw prompt, GenRequest.prompt, as it is),
+    requests checked, tokenised and truncated alike (a chat prompt in the middle, a raw one
+    from the left as lm-eval does), grouped by sampling settings, and a failure of a group turned into a transient
     error of each of its requests. Subclasses set tokenizer, context_window and _lock and
     generate one group.
 
@@ -504,6 +505,15 @@ class TokenizerEngine:
             raise PermanentEngineError(
                 f"max_tokens={params.max_tokens} leaves no room for the prompt in this model's "
                 f"context window of {self.context_window} tokens"
+            )
+        if request.prompt is not None:
+            # a raw prompt: the text as it is, cut from the left when too long (lm-eval's
+            # generate_until keeps a context's last max_length - max_gen_toks tokens)
+            ids = self._encode(request.prompt)
+            if not ids:
+                raise PermanentEngineError("empty prompt")
+            return PreparedRequest(
+                index, params, ids[len(ids) - room :] if len(ids) > room else ids, len(ids)
             )
         try:
             ids = self._encode(self.render_prompt(request.messages))

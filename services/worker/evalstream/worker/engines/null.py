@@ -39,7 +39,13 @@ class NullEngine:
         return word_count(text)
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
-        return [GenOutput(text="", prompt_tokens=word_count(plain_prompt(r.messages))) for r in requests]
+        return [
+            GenOutput(
+                text="",
+                prompt_tokens=word_count(r.prompt if r.prompt is not None else plain_prompt(r.messages)),
+            )
+            for r in requests
+        ]
 
     def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
         """Deterministic zeros (every choice equally likely: the first one wins)."""

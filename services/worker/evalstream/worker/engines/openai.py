@@ -1,5 +1,7 @@
 """`openai:<model>@<base_url>[?options]`: any OpenAI-compatible chat-completions server
-(DeepSeek, OpenAI, vLLM, SGLang, TGI, llama.cpp's server).
+(DeepSeek, OpenAI, vLLM, SGLang, TGI, llama.cpp's server). A raw prompt (GenRequest.prompt,
+lm-eval tasks) goes to the completions endpoint instead (`POST <base>/completions` with
+`prompt`), continued as it is: no chat template on either side.
 
     openai:deepseek-chat@https://api.deepseek.com/v1?rps=5&rpm=200&concurrency=8
 
@@ -527,6 +529,30 @@ def parse_completion(body: bytes) -> Completion:
     return Completion(content or "", prompt_tokens, completion_tokens, choice.get("finish_reason"))
 
 
+def parse_text_completion(body: bytes) -> Completion:
+    """The first choice of a (text) completions response, as parse_completion reads a chat one:
+    `choices[0].text`. Raises ValueError if the body is not one."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise ValueError("no choices in the response")
+    choice = data["choices"][0]
+    text = choice.get("text") if isinstance(choice, dict) else None
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"completion text is a {type(text).__name__}, not text")
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    try:
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+    except (TypeError, ValueError):
+        raise ValueError(f"unreadable usage {usage!r}") from None
+    return Completion(text or "", prompt_tokens, completion_tokens, choice.get("finish_reason"))
+
+
 def request_costs(body: Mapping[str, Any]) -> dict[str, float]:
     """What a request takes from a provider's buckets: one request, and tokens as OpenAI
     counts them on admission (about 4 characters a token of prompt, plus max_tokens)."""
@@ -539,15 +565,26 @@ def request_body(model: str, messages: list[ChatMessage], params: GenerationPara
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": m.role, "content": m.content} for m in messages],
+    }
+    return {**body, **_sampling(params)}
+
+
+def text_request_body(model: str, prompt: str, params: GenerationParams) -> dict[str, Any]:
+    """A completions request: the raw prompt, continued as it is (no chat template)."""
+    return {"model": model, "prompt": prompt, **_sampling(params)}
+
+
+def _sampling(params: GenerationParams) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
     }
     if params.temperature > 0:
-        body["seed"] = params.seed  # honoured by OpenAI and vLLM; ignored by others
+        out["seed"] = params.seed  # honoured by OpenAI and vLLM; ignored by others
     if params.stop:
-        body["stop"] = params.stop
-    return body
+        out["stop"] = params.stop
+    return out
 
 
 # --------------------------------------------------------------------------- the engine
@@ -722,9 +759,14 @@ class OpenAIEngine:
         return list(await asyncio.gather(*(self._complete(r) for r in requests)))
 
     async def _complete(self, request: GenRequest) -> GenOutput | EngineError:
-        body = request_body(self.config.model, request.messages, request.params)
+        if request.prompt is not None:  # a raw prompt: the completions endpoint, no chat template
+            body = text_request_body(self.config.model, request.prompt, request.params)
+            path, parse = "completions", parse_text_completion
+        else:
+            body = request_body(self.config.model, request.messages, request.params)
+            path, parse = "chat/completions", parse_completion
         started = self._clock()
-        outcome = await self._request(body, "chat/completions", parse_completion)
+        outcome = await self._request(body, path, parse)
         if isinstance(outcome, EngineError):
             return outcome
         completion, attempts = outcome

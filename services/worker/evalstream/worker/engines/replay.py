@@ -183,7 +183,7 @@ class ReplayEngine:
             out.append(
                 GenOutput(
                     text=text,
-                    prompt_tokens=word_count(plain_prompt(r.messages)),
+                    prompt_tokens=word_count(r.prompt if r.prompt is not None else plain_prompt(r.messages)),
                     completion_tokens=word_count(text),
                     extra={"replay_format": fmt},
                 )

@@ -14,7 +14,8 @@ for the graders that take one:
     judge      judge:<model SPEC>, rubric meta.rubric (judge.py)
     loglikelihood  the engine's per-choice log-likelihoods: acc, acc_norm (loglikelihood.py)
     perplexity     the engine's rolling log-likelihood of a document (perplexity.py)
-    auto       one of code/choice/numeric/exact per item, by its shape (never the two above)
+    lm_eval    lm-eval's filters and exact_match, from meta.lm_eval (lm_eval.py)
+    auto       one of code/choice/numeric/exact per item, by its shape (never the three above)
 
 A grader takes the raw response (it cleans it itself; cleaning twice is harmless) and the
 item, and returns a `Grade`. It raises `GradingError` for an item it cannot grade at all
@@ -42,6 +43,7 @@ from evalstream.worker.grading import (
     exact,
     json_field,
     judge,
+    lm_eval,
     loglikelihood,
     multiple_choice,
     numeric,
@@ -84,6 +86,7 @@ GRADERS: dict[str, Callable[[str | None], Grader]] = {
     "judge": judge.judge,
     "loglikelihood": _plain(loglikelihood.loglikelihood),
     "perplexity": _plain(perplexity.perplexity),
+    "lm_eval": _plain(lm_eval.lm_eval),
 }
 assert set(GRADERS) == set(registry.GRADERS), "every registered grader has one implementation"
 

@@ -32,6 +32,10 @@ _PYTHON_ONLY_SPACES = re.compile(r"[\x0b\x1c-\x1f]")  # \s in Python, not in RE2
 class MatchLike(Protocol):
     def __getitem__(self, group: int) -> str | Any: ...
 
+    def start(self) -> int: ...
+
+    def end(self) -> int: ...
+
 
 class UserPattern:
     """A compiled user pattern; `finditer` picks the engine for the text it is given."""
@@ -55,6 +59,28 @@ class UserPattern:
         if self._re2_reads_like_python(text):
             return iter(self.re2.finditer(text))
         return self.python.finditer(text)
+
+    def findall(self, text: str) -> list[Any]:
+        """Python's re.findall (the whole match, the one group's text, or a tuple of every
+        group's, "" where a group took no part), on the engine `finditer` picks."""
+        if self.groups == 0:
+            return [m[0] for m in self.finditer(text)]
+        if self.groups == 1:
+            return [m[1] or "" for m in self.finditer(text)]
+        return [tuple(m[g] or "" for g in range(1, self.groups + 1)) for m in self.finditer(text)]
+
+    def sub(self, repl: str, text: str) -> str:
+        """Python's re.sub with a literal replacement (lm-eval's regexes_to_ignore remove
+        what they match), on the engine `finditer` picks."""
+        if "\\" in repl:
+            raise ValueError("only a literal replacement (no group references)")
+        pieces: list[str] = []
+        last = 0
+        for m in self.finditer(text):
+            pieces += (text[last : m.start()], repl)
+            last = m.end()
+        pieces.append(text[last:])
+        return "".join(pieces)
 
     def _re2_reads_like_python(self, text: str) -> bool:
         if self.re2 is None or (self.has_dollar and text.endswith("\n")):
