@@ -73,7 +73,7 @@ async def group_members(group: str) -> tuple[str, int, int]:
             # (error, group id, state, protocol type, protocol, members, ...); each member's
             # assignment is the last field, in the consumer protocol's encoding
             members = g[5]
-            holding = sum(1 for m in members if MemberAssignment.decode(m[-1]).assignment)
+            holding = sum(1 for m in members if m[-1] and MemberAssignment.decode(m[-1]).assignment)
             return g[2], len(members), holding
     return "Dead", 0, 0
 

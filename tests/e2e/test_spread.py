@@ -49,7 +49,7 @@ async def members_holding_partitions(group: str) -> tuple[str, int]:
         await admin.close()
     for response in described:
         for g in response.groups:  # (error, id, state, protocol type, protocol, members, ...)
-            return g[2], sum(1 for m in g[5] if MemberAssignment.decode(m[-1]).assignment)
+            return g[2], sum(1 for m in g[5] if m[-1] and MemberAssignment.decode(m[-1]).assignment)
     return "Dead", 0
 
 
