@@ -13,8 +13,8 @@ byte_perplexity and bits_per_byte (lm-eval's weighted aggregations over words an
 A perplexity run has no accuracy (None): nothing in it is right or wrong.
 
 A run graded by `lm_eval` (an lm-eval generate_until task) gets lm-eval's exact_match of
-each filter pipeline under `scores.filters` (gsm8k: strict-match, whose grade is the run's
-accuracy, and flexible-extract), each with its standard error and 95 % interval, read from
+each filter pipeline under `scores.filters`, in the task's order (gsm8k: strict-match, whose
+grade is the run's accuracy, then flexible-extract), each with its standard error and 95 % interval, read from
 the pipelines' answers each result keeps in `detail`.
 """
 
@@ -148,9 +148,11 @@ def filter_scores(counts: dict[str, tuple[int, int]]) -> dict[str, Any]:
     return {
         "grader": LM_EVAL,
         "scored": max((n for _, n in counts.values()), default=0),
-        "filters": {
-            name: {"exact_match": scoring.mean_with_interval(right, n)} for name, (right, n) in counts.items()
-        },
+        # a list: the first pipeline's is the run's accuracy, and JSON readers may sort keys
+        "filters": [
+            {"name": name, "exact_match": scoring.mean_with_interval(right, n)}
+            for name, (right, n) in counts.items()
+        ],
     }
 
 
