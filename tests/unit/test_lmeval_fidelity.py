@@ -4,7 +4,7 @@ task YAMLs in tests/lmeval_tasks with its TaskManager and `build_all_requests`; 
 items must give the same contexts, continuations, gold answers and generation settings, byte
 for byte, and the recording the fast test uses (expected.json) must still be lm-eval's. Then
 lm-eval's RegexFilter, take_first and exact_match on a set of responses against
-evalstream.common.lmeval.filters.
+evalstream.common.lmeval.filters and the worker's `lm_eval` grader.
 
 Slow: the first run installs lm-eval into its venv (about 2 minutes, from PyPI)."""
 
@@ -16,10 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from evalstream.common.lmeval import read_tasks
-from evalstream.common.lmeval.filters import grade
+from evalstream.common.lmeval.filters import detail_results, grade
+from evalstream.worker.grading import get_grader
 from tests.lmeval_tasks import fidelity
 
 pytestmark = pytest.mark.slow
@@ -116,6 +118,8 @@ def test_filters_and_exact_match_are_lm_evals(lmeval_venv: Path) -> None:
         ("", "Yes"),
         ("   Yes  ", "Yes"),
         ('"No" \\ ,', "No"),
+        ("<think>#### 5</think>\n#### 7", "5"),  # the raw answer: nothing stripped
+        ("Ｙｅｓ — héllo wörld, yes. 12,5 ٣", "Yes"),  # non-ASCII: Python's engine for \b
     ]
     for name in ("gsm8k", "bbh_zeroshot_navigate"):
         meta = tasks[name].items[0].meta
@@ -134,3 +138,10 @@ def test_filters_and_exact_match_are_lm_evals(lmeval_venv: Path) -> None:
         theirs = json.loads(proc.stdout)
         ours = [[[g.extracted, g.correct] for g in grade(r, lm, gold)] for r, gold in responses]
         assert ours == theirs, name
+        # the worker's grader: its RE2/deadline-bounded patterns, every pipeline in the detail
+        worker = get_grader("lm_eval")
+        kept = [
+            detail_results(worker(r, msgspec.structs.replace(tasks[name].items[0], answer=gold)).detail) or []
+            for r, gold in responses
+        ]
+        assert [[[k.extracted, k.correct] for k in row] for row in kept] == theirs, name
