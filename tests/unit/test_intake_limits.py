@@ -16,8 +16,7 @@ from evalstream.common.intake_limits import (
     max_item_bytes,
     read_dataset,
 )
-from evalstream.common.messages import JobSpec, encode
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.common.messages import MESSAGE_BUDGET_BYTES, JobSpec, encode
 from evalstream.common.settings import Settings
 from evalstream.producer.intake import job_problems
 

@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 
 from evalstream.aggregator.store import Sourced, _one_per_item, storable
-from evalstream.common.messages import GenerationParams, Item, ItemResult, RetryPolicy, ShardResult, encode
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.common.messages import (
+    MESSAGE_BUDGET_BYTES,
+    GenerationParams,
+    Item,
+    ItemResult,
+    RetryPolicy,
+    ShardResult,
+    encode,
+)
 from evalstream.producer.sharding import plan_chunks
 from evalstream.worker.engines.base import GenRequest, TransientEngineError
 from evalstream.worker.publishing import result_messages

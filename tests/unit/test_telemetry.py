@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from evalstream.common import logs, telemetry
+from evalstream.common import logs, service, telemetry
 from evalstream.common.messages import GenerationParams
 
 
@@ -161,7 +161,7 @@ async def test_run_id_middleware_binds_the_message_key() -> None:
     async def handler(msg: Any) -> None:
         seen.append(logs.bound())
 
-    middleware = logs.RunIdMiddleware(None, context=ContextRepo())
+    middleware = service.RunIdMiddleware(None, context=ContextRepo())
     await middleware.consume_scope(handler, SimpleNamespace(raw_message=SimpleNamespace(key=b"run-7")))
     batch = (SimpleNamespace(key=b"run-7"), SimpleNamespace(key=b"run-8"))
     await middleware.consume_scope(handler, SimpleNamespace(raw_message=batch))

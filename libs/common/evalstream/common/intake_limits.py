@@ -22,9 +22,8 @@ from minio import Minio
 from minio.error import S3Error
 
 from evalstream.common import storage
-from evalstream.common.messages import JobSpec, encode
+from evalstream.common.messages import MESSAGE_BUDGET_BYTES, JobSpec, encode
 from evalstream.common.names import plain_name_problem
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.settings import ProducerSettings
 
 MAX_JOB_BYTES = 64 * 1024  # prompt template, system prompt, specs, name: far less in practice

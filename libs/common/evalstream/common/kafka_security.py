@@ -12,12 +12,10 @@ import argparse
 import ssl
 from typing import Any
 
-from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
-
 from evalstream.common.settings import KafkaSettings
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL")
-MECHANISMS = {"SCRAM-SHA-512": SASLScram512, "SCRAM-SHA-256": SASLScram256, "PLAIN": SASLPlaintext}
+MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 _JAAS_MODULES = {
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -55,13 +53,17 @@ def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=settings.kafka_ssl_cafile or None)
 
 
-def broker_security(settings: KafkaSettings) -> BaseSecurity | None:
-    """`security=` of a FastStream KafkaBroker (None: PLAINTEXT)."""
+def broker_security(settings: KafkaSettings) -> Any:
+    """`security=` of a FastStream KafkaBroker (None: PLAINTEXT). FastStream is imported
+    here: the clients that do not use it (evalctl, bootstrap) never load it."""
+    from faststream.security import SASLPlaintext, SASLScram256, SASLScram512
+
     protocol, mechanism = _checked(settings)
     if protocol == "PLAINTEXT":
         return None
     use_ssl = protocol == "SASL_SSL"
-    return MECHANISMS[mechanism](
+    kinds = {"SCRAM-SHA-512": SASLScram512, "SCRAM-SHA-256": SASLScram256, "PLAIN": SASLPlaintext}
+    return kinds[mechanism](
         settings.kafka_username,
         settings.kafka_password,
         ssl_context=_ssl_context(settings) if use_ssl else None,

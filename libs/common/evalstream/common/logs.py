@@ -18,10 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from faststream import BaseMiddleware
 from opentelemetry import trace
 
-from evalstream.common import spread
 from evalstream.common.redact import redact
 
 # Ids of the work in progress, per asyncio task (contextvars are copied into tasks and
@@ -45,20 +43,6 @@ def bind(**ids: str | None) -> Iterator[None]:
 
 def bound() -> dict[str, str]:
     return dict(_BOUND.get())
-
-
-class RunIdMiddleware(BaseMiddleware):
-    """Binds the run id of the message being handled (every key names its run:
-    spread.run_of_key) for the handler's log lines; a batch binds it when all its records
-    belong to one run."""
-
-    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
-        raw = msg.raw_message
-        keys = {getattr(r, "key", None) for r in (raw if isinstance(raw, tuple) else (raw,))}
-        runs = {spread.run_of_key(k) if isinstance(k, bytes) else None for k in keys}
-        run_id = runs.pop() if len(runs) == 1 else None
-        with bind(run_id=run_id):
-            return await call_next(msg)
 
 
 class JsonFormatter(logging.Formatter):

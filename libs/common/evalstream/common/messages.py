@@ -304,7 +304,11 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
-MAX_MESSAGE_BYTES = 1024 * 1024  # Kafka's default message.max.bytes: nothing larger is ours
+# Kafka's default limit (broker message.max.bytes, producer max.request.size): nothing larger
+# is ours. Messages we build are kept under MESSAGE_BUDGET_BYTES: shards are cut by size as
+# well as by count, and a worker splits a large result into several messages.
+MAX_MESSAGE_BYTES = 1024 * 1024
+MESSAGE_BUDGET_BYTES = 900_000
 
 
 def decode(data: bytes | str, kind: type[T], max_bytes: int = MAX_MESSAGE_BYTES) -> T:

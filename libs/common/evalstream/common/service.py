@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 import msgspec
 import uvicorn
 from aiokafka import ConsumerRecord
+from faststream import BaseMiddleware
 from faststream.asgi import AsgiFastStream, AsgiResponse, get, make_ping_asgi
 from faststream.asgi.types import ASGIApp
 from faststream.kafka import KafkaBroker
@@ -29,19 +30,13 @@ from prometheus_client import REGISTRY, make_asgi_app
 
 from evalstream.common import logs, metrics, spread, telemetry, topics
 from evalstream.common.kafka_security import broker_security
+from evalstream.common.messages import MAX_MESSAGE_BYTES, decode
 from evalstream.common.messages import DeadLetterHeaders as H
-from evalstream.common.messages import decode
 from evalstream.common.metrics import DEAD_LETTERED
 from evalstream.common.settings import ServiceSettings
 
 if TYPE_CHECKING:  # the router's image has no database driver
     import asyncpg
-
-# Kafka's default limit (broker message.max.bytes, producer max.request.size). Messages we
-# build are kept under MESSAGE_BUDGET_BYTES: shards are cut by size as well as by count, and
-# a worker splits a large result into several messages (the aggregator takes any number).
-MAX_MESSAGE_BYTES = 1024 * 1024
-MESSAGE_BUDGET_BYTES = 900_000
 
 
 @dataclass
@@ -74,7 +69,7 @@ def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: fl
         # Outermost first: the trace span covers the handler, its logs and its metrics.
         middlewares=[
             telemetry.kafka_middleware(service, settings),
-            logs.RunIdMiddleware,
+            RunIdMiddleware,
             KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"evalstream-{service}"),
         ],
         # Bodies stay bytes: every handler decodes its own (decode_or_dead_letter, with the
@@ -91,6 +86,20 @@ def make_broker(settings: ServiceSettings, service: str, *, graceful_timeout: fl
 async def _undecoded(msg: Any) -> Any:
     """The message's body as it came (a batch's: the list of them), never parsed."""
     return msg.body
+
+
+class RunIdMiddleware(BaseMiddleware):
+    """Binds the run id of the message being handled (every key names its run:
+    spread.run_of_key) for the handler's log lines; a batch binds it when all its records
+    belong to one run."""
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        raw = msg.raw_message
+        keys = {getattr(r, "key", None) for r in (raw if isinstance(raw, tuple) else (raw,))}
+        runs = {spread.run_of_key(k) if isinstance(k, bytes) else None for k in keys}
+        run_id = runs.pop() if len(runs) == 1 else None
+        with logs.bind(run_id=run_id):
+            return await call_next(msg)
 
 
 ReadyCheck = Callable[[], Awaitable[bool]]

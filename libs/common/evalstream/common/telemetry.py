@@ -21,7 +21,6 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 from aiokafka import ConsumerRecord
-from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -106,7 +105,11 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME, tracer_provider=_provider)
 
 
-def kafka_middleware(service: str, settings: TelemetrySettings) -> KafkaTelemetryMiddleware:
+def kafka_middleware(service: str, settings: TelemetrySettings) -> Any:
+    """FastStream's tracing middleware (imported here: evalctl, which traces its own sends,
+    never loads FastStream)."""
+    from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
+
     return KafkaTelemetryMiddleware(tracer_provider=setup(service, settings), include_messages_counters=False)
 
 

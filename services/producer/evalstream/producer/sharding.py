@@ -14,8 +14,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from evalstream.common import keys, spread
-from evalstream.common.messages import Item, JobSpec, Shard, encode
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
+from evalstream.common.messages import MESSAGE_BUDGET_BYTES, Item, JobSpec, Shard, encode
 
 # A job that names no shard size: shards of AUTO_SHARD_MIN items, or bigger for a large set
 # so that it is cut into about AUTO_SHARDS_PER_RUN, up to AUTO_SHARD_MAX (auto_shard_size).

@@ -13,9 +13,8 @@ from faststream.kafka import KafkaBroker
 from opentelemetry.trace import Span
 
 from evalstream.common import service, telemetry, topics
-from evalstream.common.messages import Shard, ShardResult, encode
+from evalstream.common.messages import MESSAGE_BUDGET_BYTES, Shard, ShardResult, encode
 from evalstream.common.metrics import ITEMS, SHARDS
-from evalstream.common.service import MESSAGE_BUDGET_BYTES
 from evalstream.common.spread import shard_key_of
 from evalstream.worker.runner import Failure, Outcome
 
