@@ -16,7 +16,7 @@ import pytest
 
 from evalstream.common import storage
 from evalstream.common.lmeval import read_tasks
-from evalstream.common.lmeval.filters import detail_results, grade
+from evalstream.common.lmeval_filters import detail_results, grade
 from evalstream.common.manifest import request_from_manifest
 from evalstream.common.regrading import run_items
 from evalstream.common.settings import Settings

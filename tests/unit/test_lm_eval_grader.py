@@ -18,7 +18,7 @@ from evalstream.common.evidence import MAX_DETAIL_CHARS
 from evalstream.common.gold import item_problem, resolve_grader
 from evalstream.common.graders import AUTO_GRADERS, grader_problem, grader_version
 from evalstream.common.lmeval import RenderedTask, read_tasks
-from evalstream.common.lmeval.filters import (
+from evalstream.common.lmeval_filters import (
     FilteredGrade,
     detail_results,
     encode_detail,

@@ -4,7 +4,7 @@ task YAMLs in tests/lmeval_tasks with its TaskManager and `build_all_requests`; 
 items must give the same contexts, continuations, gold answers and generation settings, byte
 for byte, and the recording the fast test uses (expected.json) must still be lm-eval's. Then
 lm-eval's RegexFilter, take_first and exact_match on a set of responses against
-evalstream.common.lmeval.filters and the worker's `lm_eval` grader.
+evalstream.common.lmeval_filters and the worker's `lm_eval` grader.
 
 Slow: the first run installs lm-eval into its venv (about 2 minutes, from PyPI)."""
 
@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from evalstream.common.lmeval import read_tasks
-from evalstream.common.lmeval.filters import detail_results, grade
+from evalstream.common.lmeval_filters import detail_results, grade
 from evalstream.worker.grading import get_grader
 from tests.lmeval_tasks import fidelity
 

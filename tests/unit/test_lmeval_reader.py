@@ -16,10 +16,10 @@ import msgspec
 import pytest
 
 from evalstream.common.lmeval import RenderedTask, TaskDataError, TaskError, TaskRefused, read_tasks
-from evalstream.common.lmeval.filters import apply_pipeline, exact_match, grade, regex_filter
 from evalstream.common.lmeval.isolation import read_tasks_isolated
 from evalstream.common.lmeval.submission import dataset_bytes, task_job
 from evalstream.common.lmeval.templates import render
+from evalstream.common.lmeval_filters import apply_pipeline, exact_match, grade, regex_filter
 from evalstream.common.manifest import build_manifest, manifest_sha256, request_from_manifest
 from evalstream.common.messages import Item, JobSpec
 from tests.lmeval_tasks import fidelity

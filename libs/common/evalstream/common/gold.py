@@ -15,6 +15,7 @@ import string
 from collections.abc import Callable
 
 from evalstream.common.graders import AUTO, GRADERS, grader_problem, json_path, split_grader
+from evalstream.common.lmeval_filters import meta_problem
 from evalstream.common.messages import Item
 from evalstream.common.scoring import loglikelihood_problem, perplexity_problem
 
@@ -190,7 +191,6 @@ def judge_problem(item: Item, spec: str | None = None) -> str | None:
 def lm_eval_problem(item: Item, _argument: str | None = None) -> str | None:
     """The lm_eval grader: a gold answer (the task's target) and lm-eval's filters and
     exact_match options in meta.lm_eval, as `evalctl submit --task` writes them."""
-    from evalstream.common.lmeval.filters import meta_problem  # the task reader's package: loaded on use
 
     if item.answer is None:
         return f"item {item.id}: no gold answer (the task's target) to compare with"

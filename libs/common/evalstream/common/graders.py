@@ -18,7 +18,7 @@ loglikelihood and loglikelihood_rolling output types; evalstream.common.scoring)
 scores the item's raw question, to which no template is applied. `lm_eval` grades a generated
 answer of an lm-eval generate_until task as lm-eval does: the task's filter pipelines (regex,
 take_first) and its exact_match options, from the item's `meta.lm_eval`
-(evalstream.common.lmeval.filters); the first pipeline's result is the grade. "auto" never
+(evalstream.common.lmeval_filters); the first pipeline's result is the grade. "auto" never
 picks these three.
 """
 

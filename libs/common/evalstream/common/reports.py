@@ -26,6 +26,7 @@ from typing import Any
 import asyncpg
 
 from evalstream.common import scoring
+from evalstream.common.lmeval_filters import filter_counts
 
 _TOTALS = """
 SELECT count(*) AS n,
@@ -109,8 +110,6 @@ async def scores_summary(
     a run of another grader."""
     name = grader.partition(":")[0]
     if name == LM_EVAL:
-        from evalstream.common.lmeval.filters import filter_counts  # the task reader's package, on use
-
         rows = await conn.fetch(_DETAILS, run_id)
         return filter_scores(filter_counts(r["detail"] for r in rows))
     if name not in scoring.SCORING_GRADERS:

@@ -14,7 +14,7 @@ document's index in that split):
 * loglikelihood_rolling: grader `perplexity`, `question` the document (doc_to_target), answer
   "n/a" (the dataset format needs one; nothing reads it).
 * generate_until: grader `lm_eval` (lm-eval's filters and exact_match,
-  evalstream.common.lmeval.filters) where the worker has it; `question` the raw context,
+  evalstream.common.lmeval_filters) where the worker has it; `question` the raw context,
   `answer` the target; `meta.lm_eval` adds `filters` (the task's filter_list) and `metric`
   (its exact_match options). `until` is the job's stop strings, `max_gen_toks` its max_tokens.
 
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 READER = "lm-eval-0.4.13/1"  # bump when a change can change a rendered item
-GENERATION_GRADER = "lm_eval"  # lm-eval's filters + exact_match (evalstream.common.lmeval.filters)
+GENERATION_GRADER = "lm_eval"  # lm-eval's filters + exact_match (evalstream.common.lmeval_filters)
 SCORING_GRADERS: dict[str, str] = {
     "multiple_choice": "loglikelihood",
     "loglikelihood": "loglikelihood",

@@ -518,7 +518,7 @@ def _filters(c: _Checker, value: Any, output_type: str) -> tuple[FilterPipeline,
             fallback = c.text(f"{skey}.fallback", options.get("fallback", default.fallback), optional=False)
             group_select = c.integer(f"{skey}.group_select", options.get("group_select", 0), -1000, 1000)
             assert pattern is not None and fallback is not None
-            from evalstream.common.lmeval.filters import pattern_problem  # no cycle: filters is pure
+            from evalstream.common.lmeval_filters import pattern_problem  # no cycle: filters is pure
 
             if problem := pattern_problem(pattern):
                 raise c.refuse(f"{skey}.regex_pattern", problem)
@@ -573,7 +573,7 @@ def _metrics(c: _Checker, value: Any, output_type: str) -> tuple[Metric, ...]:
             if k == "regexes_to_ignore":
                 if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
                     raise c.refuse(f"{key}.{k}", "expected a list of patterns")
-                from evalstream.common.lmeval.filters import pattern_problem
+                from evalstream.common.lmeval_filters import pattern_problem
 
                 for j, p in enumerate(v):
                     if problem := pattern_problem(p):

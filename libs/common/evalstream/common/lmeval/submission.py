@@ -23,7 +23,7 @@ def dataset_bytes(items: list[Item]) -> bytes:
 
 def generation_grader(task: RenderedTask) -> str:
     """The grader of a generate_until task's run: `lm_eval` (lm-eval's filters and
-    exact_match over the raw answer, evalstream.common.lmeval.filters). Where a registry
+    exact_match over the raw answer, evalstream.common.lmeval_filters). Where a registry
     lacks it the task is refused rather than graded otherwise (evalstream's regex takes the
     last match and compares normalised text with the whole target, where lm-eval takes the
     match `group_select` names and first applies the metric's regexes_to_ignore to both), so

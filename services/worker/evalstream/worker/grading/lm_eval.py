@@ -1,6 +1,6 @@
 """lm-eval's grading of a `generate_until` task (the `lm_eval` grader): the task's filter
 pipelines (RegexFilter, take_first) on the raw answer, each scored with the task's
-exact_match options against the target (evalstream.common.lmeval.filters, lm-eval 0.4.13's
+exact_match options against the target (evalstream.common.lmeval_filters, lm-eval 0.4.13's
 rules; the item's `meta.lm_eval` holds them, as `evalctl submit --task` renders them).
 
 The first pipeline's result is the item's grade (gsm8k's strict-match), as the run's headline;
@@ -16,6 +16,8 @@ from __future__ import annotations
 from evalstream.common.evidence import MAX_DETAIL_CHARS
 from evalstream.common.gold import lm_eval_problem as problem
 from evalstream.common.graders import GRADER_VERSIONS
+from evalstream.common.lmeval_filters import encode_detail
+from evalstream.common.lmeval_filters import grade as filtered_grades
 from evalstream.common.messages import Item
 from evalstream.worker.grading.base import Grade, Grader, require
 from evalstream.worker.grading.patterns import compile_pattern
@@ -24,10 +26,6 @@ GRADER_VERSION = GRADER_VERSIONS["lm_eval"]  # bump it there: run manifests reco
 
 
 def lm_eval() -> Grader:
-    # the task reader's package, loaded with the first grader made (not at every import)
-    from evalstream.common.lmeval.filters import encode_detail
-    from evalstream.common.lmeval.filters import grade as filtered_grades
-
     def grade(response: str, item: Item) -> Grade:
         require(problem(item))
         assert item.meta is not None and item.answer is not None  # checked by problem()

@@ -22,6 +22,9 @@ quote or "the answer is" stripping unless asked).
 
 Patterns are untrusted: `compile_pattern` may be given a safe compiler (the worker's RE2 or
 deadline-bounded one); the default is Python's `re`, as lm-eval's.
+
+A module of its own, outside the task reader's package (evalstream.common.lmeval, which needs
+YAML, Jinja and Arrow): the worker, the aggregator and the run summaries read it alone.
 """
 
 from __future__ import annotations
