@@ -566,6 +566,11 @@ class Scenario:
             shards_total=sum(shard_counts.values()),
             run_sizes=sorted(len(r.ids) for r in self.runs.values()),
             result_partitions=sorted({t.record.partition for t in results}),
+            # each run's results by partition: a run spreads over min(its shards, partitions)
+            result_partitions_by_run={
+                r: sorted({t.record.partition for t in results if t.run_id == r}) for r in sorted(self.runs)
+            },
+            shards_by_run={r: shard_counts.get(r, 0) for r in sorted(self.runs)},
             kafka_result_records=len(results),
             redelivered_items=sum(v.redelivered for v in verdicts),
             fault_s=None

@@ -164,6 +164,10 @@ class ResultSink:
         async with self.lock.held(), self.pool.acquire() as conn:
             async with conn.transaction():
                 written = await self.store.write(conn, window.results, window.dead_letters)
+            # Counted at once: the rows are durable, and a window redone after its mirror
+            # failed (S3 away) writes no row again, so it would count nothing then.
+            recorded = written_results([r.result for r in window.results], written)
+            await self.completion.observe(recorded)
             self.crash_points.reach("aggregator_exit_after_write")
             await self.mirror(conn, window, written)
             self.crash_points.reach("aggregator_exit_after_delta")
@@ -176,8 +180,6 @@ class ResultSink:
             if first:  # the table has one writer at a time: compaction takes the lock too
                 async with self.lock.held():
                     await self.delta.compact(run_id)
-        recorded = written_results([r.result for r in window.results], written)
-        await self.completion.observe(recorded)
         return recorded
 
     async def mirror(self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]) -> None:
