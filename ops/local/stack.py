@@ -314,7 +314,7 @@ def up(
             *running_host_workers(),
             *running_replicas(),
             *services(0),
-            *host_infra(),
+            *(p for p in host_infra() if p.name == "s3-hosts"),
         ]:
             p.stop()
         procs[2].stop()
