@@ -452,7 +452,7 @@ def weed_ports(settings: Settings) -> dict[str, int]:
     """SeaweedFS's HTTP ports on this stack (ops/local/localstack/config.py WEED_PORTS; the
     stack's offset is the S3 port's), and their gRPC ports (+100, seaweed.GRPC_SHIFT)."""
     offset = int(urlsplit(settings.s3_endpoint).port or 8333) - 8333
-    http = {"master": 9333 + offset, "volume": 8380 + offset, "filer": 8888 + offset}
+    http = {"master": 9333 + offset, "volume": 8380 + offset, "filer": 8888 + offset, "s3": 8333 + offset}
     return {**http, **{f"{name} grpc": port + 100 for name, port in http.items()}}
 
 
@@ -543,7 +543,7 @@ def test_grpc_ports_take_only_the_stacks_certificates(stack: Settings) -> None:
     takes mutual TLS with the stack's certificate only (positive control: with it, it talks)."""
     folder = STACK / "secrets" / "seaweedfs"
     ours = (folder / "node.crt", folder / "node.key")
-    for name in ("master grpc", "volume grpc", "filer grpc"):
+    for name in ("master grpc", "volume grpc", "filer grpc", "s3 grpc"):
         port = weed_ports(stack)[name]
         assert not plaintext_grpc(port), f"{name} answers without TLS"
         assert not tls_handshake(port, None), f"{name} answers without a client certificate"

@@ -480,7 +480,13 @@ def test_the_s3_identity_file_is_the_identity_table() -> None:
         ENV["S3_ADMIN_SECRET_KEY"],
     )
     assert s3["entrypoint"] == ["/bin/sh", "/opt/evalstream/s3-start.sh"]
-    for flag in ("-disableHttp", "-s3.config=/tmp/s3.json", "-s3.iam=false"):
+    for flag in (
+        "-disableHttp",
+        "-s3.config=/tmp/s3.json",
+        "-s3.iam=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+    ):
         assert flag in s3["command"], flag
     for key in ("WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY", "WEED_JWT_FILER_SIGNING_KEY"):
         assert env[key], key

@@ -157,6 +157,10 @@ def weed_argv() -> list[str]:
         f"-s3.port.grpc={S3_PORT + GRPC_SHIFT}",
         f"-s3.config={identity_file()}",
         "-s3.iam=false",  # no IAM API: identities come from the file only
+        # nor its Iceberg REST catalog and Lance namespace servers (the pipeline uses neither;
+        # by default they listen on fixed ports, 8181 and 9101, whatever the stack's offset)
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
     ]
 
 
@@ -189,6 +193,7 @@ def weed_hosts_argv() -> list[str]:
         f"-port={S3_PORT}",
         f"-port.grpc={S3_PORT + GRPC_SHIFT}",
         "-port.iceberg=0",
+        "-port.lance=0",
         f"-config={identity_file()}",
         "-iam=false",
     ]
