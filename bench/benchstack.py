@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -63,7 +64,7 @@ def client_env(principal: str = "user") -> dict[str, str]:
     for line in out.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
         if key:
-            env[key.strip()] = value.strip()
+            env[key.strip()] = shlex.split(value)[0] if value.strip() else ""  # stack.py quotes values
     return env
 
 

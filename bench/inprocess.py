@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchstack import metrics
+from bench.benchstack import client_env, metrics
 from bench.paths import DEFAULT_MODEL
 from bench.pure import metric_sum
 
@@ -132,13 +132,13 @@ def delta(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, 
 
 
 def clear_answer_cache() -> int:
-    """Empties the bench stack's answer cache (a cold start for the next run); returns the
-    number of answers removed."""
+    """Empties the bench stack's answer cache (a cold start for the next run), as the owner of
+    the tables (the users' role only reads); returns the number of answers removed."""
 
     async def go() -> int:
         import asyncpg
 
-        conn = await asyncpg.connect(os.environ["DATABASE_URL"])
+        conn = await asyncpg.connect(client_env("admin")["DATABASE_URL"])
         try:
             status = await conn.execute("DELETE FROM answer_cache")
             return int(status.split()[-1])

@@ -181,7 +181,7 @@ async def run_policy(
         )
         collector = asyncio.create_task(collect_results(run_id, results_start, len(items), 600))
         submitted = time.time()
-        await submit_private(settings, inbox, job)
+        await submit_private(inbox, job)  # as the producer does, with its credentials
         seen = await collector
         routed = await routed_at(groups, starts, run_id)
         weights = await asyncio.to_thread(policy_weights, port)

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 
 from evalstream.common.settings import Settings
 from tests import infra
-from tests.support import ServiceProcess, admin_kafka, free_port
+from tests.support import ServiceProcess, admin_database_url, admin_kafka, free_port
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +35,18 @@ def stack(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def pg(stack: Settings) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the users' role (what evalctl reads with): it reads, never writes."""
     conn = await asyncpg.connect(stack.database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def pg_admin(stack: Settings) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the tables' owner: for setting up, changing or removing rows."""
+    conn = await asyncpg.connect(admin_database_url())
     try:
         yield conn
     finally:

@@ -42,6 +42,9 @@ PROMETHEUS_URL = os.environ.get("PROMETHEUS_URL", "http://127.0.0.1:9090")
 
 # The Kafka settings a client's credentials consist of (libs/common settings.KafkaSettings).
 KAFKA_CREDENTIALS = ("KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_USERNAME", "KAFKA_PASSWORD")
+# ... and those of the stores: a principal's database role (db_roles.py) and S3 key pair
+# (s3_identities.py).
+STORE_CREDENTIALS = ("DATABASE_URL", "S3_ACCESS_KEY", "S3_SECRET_KEY")
 
 # --------------------------------------------------------------------------- hosts (stack.py up --hosts N)
 
@@ -88,13 +91,21 @@ def netns_inode(name: str) -> int:
     return os.stat(f"/run/netns/{name}").st_ino
 
 
+def on_the_local_stack() -> bool:
+    """Whether the tests run against the local stack (`make up`), whose principals each have
+    their own credentials; testcontainers' infrastructure has one set for everything (its
+    broker does not authenticate: KAFKA_SECURITY_PROTOCOL unset or PLAINTEXT)."""
+    return os.environ.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper() != "PLAINTEXT"
+
+
 @functools.cache
-def kafka_env(principal: str) -> dict[str, str]:
-    """The Kafka credentials of `principal` on the test stack (`stack.py env --principal`):
-    "admin" (the broker's super user), a service's name, or "user" (what `stack.py env`
-    gives the tests themselves). None where the tests' broker does not authenticate
-    (KAFKA_SECURITY_PROTOCOL unset or PLAINTEXT: testcontainers' broker)."""
-    if os.environ.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper() == "PLAINTEXT":
+def credentials_env(principal: str) -> dict[str, str]:
+    """Every credential of `principal` on the test stack (`stack.py env --principal`): its
+    Kafka principal, database role and S3 key pair. "admin" is the broker's super user, the
+    tables' owner and the store's admin; a service's name is that service's; "user" is what
+    `stack.py env` gives the tests themselves (whose role reads the database, never writes it).
+    Empty where the infrastructure has one set of credentials (testcontainers)."""
+    if not on_the_local_stack():
         return {}
     out = subprocess.run(
         [sys.executable, "ops/local/stack.py", "env", "--principal", principal],
@@ -103,18 +114,28 @@ def kafka_env(principal: str) -> dict[str, str]:
         capture_output=True,
         text=True,
     ).stdout
-    env = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines() if "=" in line)
-    return {k: v for k, v in env.items() if k in KAFKA_CREDENTIALS}
+    env = {}
+    for line in out.splitlines():
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if sep:
+            env[key] = shlex.split(value)[0] if value else ""
+    return {k: v for k, v in env.items() if k in (*KAFKA_CREDENTIALS, *STORE_CREDENTIALS)}
+
+
+def kafka_env(principal: str) -> dict[str, str]:
+    """The Kafka credentials of `principal` (credentials_env)."""
+    return {k: v for k, v in credentials_env(principal).items() if k in KAFKA_CREDENTIALS}
 
 
 def principal_settings(principal: str) -> Settings:
-    """The tests' settings with the Kafka credentials of `principal`."""
-    return Settings.from_env({**os.environ, **kafka_env(principal)})
+    """The tests' settings with every credential of `principal`."""
+    return Settings.from_env({**os.environ, **credentials_env(principal)})
 
 
 def admin_settings() -> Settings:
-    """Settings of the admin principal: for tests that create topics, read any topic or
-    forge the messages of a service (the users' principal may only publish jobs)."""
+    """Settings of the admin: for tests that create topics, read any topic or forge the
+    messages of a service (the users' principal may only publish jobs), set up or change rows
+    in the database (the users' role only reads), or write anywhere in the store."""
     return principal_settings("admin")
 
 
@@ -123,11 +144,21 @@ def admin_kafka() -> dict[str, Any]:
     return client_kwargs(admin_settings())
 
 
-def service_kafka_env(module: str) -> dict[str, str]:
+def admin_database_url() -> str:
+    """DATABASE_URL of the tables' owner: for tests that insert, update or delete rows."""
+    return admin_settings().database_url
+
+
+def service_env(module: str) -> dict[str, str]:
     """The credentials a service module (evalstream.worker, evalstream.router.app, ...) runs
-    with: its own principal, as the local stack starts it."""
+    with: its own principal, database role and S3 key pair, as the local stack starts it."""
     parts = module.split(".")
-    return kafka_env(parts[1]) if len(parts) > 1 and parts[0] == "evalstream" else {}
+    return credentials_env(parts[1]) if len(parts) > 1 and parts[0] == "evalstream" else {}
+
+
+def service_database_url(service: str) -> str:
+    """DATABASE_URL of a service's own role: for tests that run a service's code in-process."""
+    return principal_settings(service).database_url
 
 
 async def topic_end_offsets(topic: str) -> dict[int, int]:
@@ -186,7 +217,7 @@ def upload_dataset(settings: Settings, path: Path) -> str:
 
 
 class ServiceProcess:
-    """A service started by a test, with its own log and the Kafka credentials of its own
+    """A service started by a test, with its own log and the credentials of its own
     principal (the service's, as the local stack starts it); stopped (SIGTERM) at
     teardown. With `netns`, it runs in that network namespace (a host of
     `stack.py up --hosts`) and is reached at `address`."""
@@ -209,7 +240,7 @@ class ServiceProcess:
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: same pid
         self.proc = subprocess.Popen(
             [*inside, sys.executable, "-m", self.module],
-            env={**os.environ, **self.env, **service_kafka_env(self.module)},
+            env={**os.environ, **self.env, **service_env(self.module)},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -45,6 +45,7 @@ from localstack.config import (  # noqa: E402
     log,
     run,
 )
+from localstack.credentials import CREDENTIAL_VARIABLES  # noqa: E402
 from localstack.installs import (  # noqa: E402
     install_apt,
     kafka_libs,
@@ -67,6 +68,7 @@ from localstack.prometheus import (  # noqa: E402
 )
 from localstack.seaweed import (  # noqa: E402
     weed_argv,
+    weed_config_current,
     weed_healthy,
     weed_hosts_argv,
     weed_hosts_healthy,
@@ -95,7 +97,8 @@ def service(
     kind = next(k for k in ("producer", "router", "aggregator", "worker") if k in name.split("-"))
     program = str(ROOT / ".venv/bin" / f"evalstream-{kind}")
     address = host.address if host else "127.0.0.1"
-    # each service is its own Kafka principal (acls.py: producer, router, worker, aggregator)
+    # each service is its own principal: Kafka (acls.py), database role (db_roles.py) and S3
+    # key pair (s3_identities.py); the router and workers get no S3 keys, the router no role
     env = {"HTTP_PORT": str(port), "PYTHONUNBUFFERED": "1", **client_env(kind)}
     if host:
         env |= {"HTTP_HOST": host.address, **host_client_env(principal=kind)}
@@ -124,7 +127,7 @@ def host_client_env(via_proxy: bool = False, principal: str = "user") -> dict[st
         return urlunsplit(parts._replace(netloc=f"{netloc}{gateway}:{parts.port}"))
 
     env["KAFKA_BOOTSTRAP"] = proxied_kafka_bootstrap() if via_proxy else f"{gateway}:{KAFKA_HOSTS_PORT}"
-    env["DATABASE_URL"] = moved(env["DATABASE_URL"])
+    env["DATABASE_URL"] = moved(env["DATABASE_URL"]) if env["DATABASE_URL"] else ""  # the router has none
     env["S3_ENDPOINT"] = moved(env["S3_ENDPOINT"])
     env.pop("PROMETHEUS_URL", None)  # on the infrastructure's loopback only
     return env
@@ -301,6 +304,20 @@ def up(
         log("Kafka runs without this stack's SASL/SCRAM configuration: restarting it and the services")
         for p in [*running_workers(), *running_host_workers(), *running_replicas(), *services(0), procs[0]]:
             p.stop()
+    s3_pid = procs[2].pid()
+    if s3_pid is not None and not weed_config_current(s3_pid):
+        # A store from before its identities and security.toml (or with other ones): restarted
+        # with them; the services, whose S3 keys change with it, drain first.
+        log("SeaweedFS runs without this stack's identities and security: restarting it and the services")
+        for p in [
+            *running_workers(),
+            *running_host_workers(),
+            *running_replicas(),
+            *services(0),
+            *(p for p in host_infra() if p.name == "s3-hosts"),
+        ]:
+            p.stop()
+        procs[2].stop()
     targets = worker_targets(workers, n_hosts)
     moved = {n: hosts.SERVICES_HOST.address for n in ("router", "aggregator")} if services_host else {}
     prometheus = Proc(
@@ -335,6 +352,8 @@ def up(
         for extra_worker in [*running_workers(), *running_host_workers(), *running_replicas()]:
             if extra_worker.name not in wanted:
                 extra_worker.stop()
+        for p in svcs:
+            stop_if_credentials_changed(p)
         started += [p.name for p in svcs if p.start()]
         for p in svcs:
             p.wait_healthy()
@@ -342,6 +361,29 @@ def up(
     what = ", ".join(started) if started else "nothing (all running)"
     where = f"; {n_hosts} hosts on {hosts.subnet()}" if n_hosts else ""
     log(f"up in {time.monotonic() - t0:.1f}s; started: {what}; stack folder: {STACK}{where}")
+
+
+def running_environ(pid: int) -> dict[str, str] | None:
+    """The environment a running process was started with (None if it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def stop_if_credentials_changed(p: Proc) -> None:
+    """Stops a running service whose credentials (Kafka principal, database role, S3 keys)
+    are not the ones it would get now, e.g. one started before it had a role of its own:
+    `up` starts it again with them."""
+    pid = p.pid()
+    running = running_environ(pid) if pid is not None else None
+    if running is None:
+        return
+    changed = [k for k in CREDENTIAL_VARIABLES if running.get(k, "") != p.env.get(k, "")]
+    if changed:
+        log(f"{p.name} runs with other credentials ({', '.join(changed)}): restarting it")
+        p.stop()
 
 
 def all_procs() -> list[Proc]:
@@ -434,8 +476,9 @@ def main() -> None:
     p_env.add_argument(
         "--principal",
         default="user",
-        help="the Kafka principal: user (default: evalctl, job publishers), producer, router, worker, "
-        "aggregator, or admin (the broker's super user: topics, ACLs)",
+        help="whose credentials (Kafka principal, database role, S3 key pair): user (default: evalctl, "
+        "job publishers; reads the database), producer, router, worker, aggregator, or admin (the "
+        "broker's super user, the tables' owner, the store's admin: bootstrap, test setup)",
     )
     p_env.add_argument("--host", help="as a process on this host (e.g. host1) sees the stack")
     p_env.add_argument("--via-proxy", action="store_true", help="with --host: Kafka through the fault proxy")

@@ -41,7 +41,10 @@ NAMESPACE = "evalstream"
 PROBE_NUMBERS = {"periodSeconds": 10, "timeoutSeconds": 3, "failureThreshold": 3, "initialDelaySeconds": 15}
 # Variables that hold credentials: only ever from a Secret.
 SECRET_VARIABLES = {"DATABASE_URL", "S3_ACCESS_KEY", "S3_SECRET_KEY", "KAFKA_PASSWORD"}
-NEEDS_STORES = {"producer", "aggregator", "worker", "bootstrap"}
+# What each component reads from the stores, each with credentials of its own (db_roles.py,
+# s3_identities.py): workers the database only, the router neither.
+NEEDS_DATABASE = {"producer", "aggregator", "worker", "bootstrap"}
+NEEDS_S3 = {"producer", "aggregator", "bootstrap"}
 # Kafka authentication settings (issue 12) the chart already sets; they are settings.py
 # names once that lands, and allowed here until then.
 KAFKA_AUTH_VARIABLES = {
@@ -312,8 +315,14 @@ def _secret_problems(objects: list[dict[str, Any]]) -> list[str]:
                 if "=" in entry
             }
             needed = set(api_keys)
-            if component in NEEDS_STORES:
-                needed |= {"DATABASE_URL", "S3_ACCESS_KEY", "S3_SECRET_KEY"}
+            if component in NEEDS_DATABASE:
+                needed |= {"DATABASE_URL"}
+            if component in NEEDS_S3:
+                needed |= {"S3_ACCESS_KEY", "S3_SECRET_KEY"}
+            elif {"S3_ACCESS_KEY", "S3_SECRET_KEY"} & set(env):
+                out.append(f"{where}: S3 keys, which a {component} must not have (s3_identities.py)")
+            if component not in NEEDS_DATABASE and "DATABASE_URL" in env:
+                out.append(f"{where}: a DATABASE_URL, which a {component} must not have (db_roles.py)")
             if plain.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").startswith("SASL"):
                 needed |= {"KAFKA_PASSWORD"}
                 if not plain.get("KAFKA_USERNAME"):

@@ -131,9 +131,24 @@ def test_secrets_come_from_secrets_only(rendered: dict[str, list[dict[str, Any]]
     assert refs["es-evalstream-router"]["KAFKA_PASSWORD"] == "evalstream-router"
     assert refs["es-evalstream-aggregator"]["KAFKA_PASSWORD"] == "evalstream-aggregator"
     assert refs["es-evalstream-worker-llama-8b-l4"]["KAFKA_PASSWORD"] == "evalstream-worker"
-    assert refs["es-evalstream-producer"]["DATABASE_URL"] == "evalstream-database"
-    assert refs["es-evalstream-aggregator"]["S3_SECRET_KEY"] == "evalstream-s3"
+    # and one database role and S3 key pair per service (db_roles.py, s3_identities.py)
+    assert refs["es-evalstream-producer"]["DATABASE_URL"] == "evalstream-database-producer"
+    assert refs["es-evalstream-aggregator"]["DATABASE_URL"] == "evalstream-database-aggregator"
+    assert refs["es-evalstream-worker-llama-8b-l4"]["DATABASE_URL"] == "evalstream-database-worker"
+    assert refs["es-evalstream-producer"]["S3_SECRET_KEY"] == "evalstream-s3-producer"
+    assert refs["es-evalstream-aggregator"]["S3_SECRET_KEY"] == "evalstream-s3-aggregator"
+    assert "S3_ACCESS_KEY" not in refs["es-evalstream-worker-llama-8b-l4"], "workers never touch the store"
     assert "DATABASE_URL" not in refs["es-evalstream-router"], "the router needs no stores"
+    job = next(o for o in objects if o["kind"] == "Job")
+    job_refs = {
+        var: e["valueFrom"]["secretKeyRef"]["name"]
+        for var, e in chart.env_of(job["spec"]["template"]["spec"]["containers"][0]).items()
+        if "valueFrom" in e
+    }
+    assert (job_refs["DATABASE_URL"], job_refs["S3_ACCESS_KEY"]) == (
+        "evalstream-database-owner",
+        "evalstream-s3-admin",
+    )
     env = chart.plain_env(container(objects, "es-evalstream-router"))
     assert (env["KAFKA_SECURITY_PROTOCOL"], env["KAFKA_SASL_MECHANISM"], env["KAFKA_USERNAME"]) == (
         "SASL_SSL",

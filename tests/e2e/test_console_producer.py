@@ -51,7 +51,7 @@ QUESTIONS = (
 async def test_hand_written_job_from_the_console_producer_completes(
     stack: Settings, pg: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    dataset = upload(stack, f"{unique('hand')}/qa.jsonl", QUESTIONS)
+    dataset = upload(stack, f"uploads/{unique('hand')}/qa.jsonl", QUESTIONS)
     # The README's minimal job: only the dataset and the model, no run_id (the producer
     # derives one from the message's place in Kafka).
     console_produce(stack, f'{{"dataset": "{dataset}", "model": "null"}}')
@@ -77,7 +77,7 @@ async def test_hand_written_job_from_the_console_producer_completes(
 async def test_misspelt_field_rejects_the_run_naming_the_field(
     stack: Settings, pg: asyncpg.Connection
 ) -> None:
-    dataset = upload(stack, f"{unique('hand')}/qa.jsonl", QUESTIONS)
+    dataset = upload(stack, f"uploads/{unique('hand')}/qa.jsonl", QUESTIONS)
     run_id = unique("run-misspelt")
     shards_before = await topic_end_offsets(topics.SHARDS)
     console_produce(

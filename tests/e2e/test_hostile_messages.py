@@ -46,21 +46,23 @@ async def valid_job(stack: Settings, tmp_path: Path, n: int = 10) -> JobSpec:
 
 
 async def dead_letter_of(pg: asyncpg.Connection, payload: bytes) -> list[asyncpg.Record]:
+    """The dead letters of `payload` (through the owner's connection: payloads are not the
+    users' to read)."""
     return list(await pg.fetch("SELECT original_topic, error FROM dead_letters WHERE payload = $1", payload))
 
 
 async def test_poison_jobs_and_control_requests_cost_one_dead_letter_or_rejected_run(
-    stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
+    stack: Settings, pg_admin: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
 ) -> None:
     # 1. a job nested 5,000 deep: a dead letter, and the job behind it runs
     poison = DEEP + unique("-").encode()  # one of its own, to find its dead letter
     await publish(kafka_producer, topics.JOBS, poison, "deep")
     after = await valid_job(stack, tmp_path)
     await publish(kafka_producer, topics.JOBS, encode(after), after.run_id or "")
-    await completes(pg, after.run_id or "")
+    await completes(pg_admin, after.run_id or "")
 
     async def lettered() -> list[asyncpg.Record]:
-        return await dead_letter_of(pg, poison)
+        return await dead_letter_of(pg_admin, poison)
 
     [letter] = await wait_until(lettered, 60, what="the deep job's dead letter")
     assert letter["original_topic"] == topics.JOBS and "nested deeper" in letter["error"]
@@ -72,8 +74,8 @@ async def test_poison_jobs_and_control_requests_cost_one_dead_letter_or_rejected
     await publish(kafka_producer, topics.JOBS, json.dumps(job).encode(), nul_id)
     after = await valid_job(stack, tmp_path)
     await publish(kafka_producer, topics.JOBS, encode(after), after.run_id or "")
-    await completes(pg, after.run_id or "")
-    row = await pg.fetchrow("SELECT status, name, problems FROM runs WHERE run_id = $1", nul_id)
+    await completes(pg_admin, after.run_id or "")
+    row = await pg_admin.fetchrow("SELECT status, name, problems FROM runs WHERE run_id = $1", nul_id)
     assert row is not None and row["status"] == "rejected" and "\x00" not in (row["name"] or "")
     assert "NUL" in row["problems"]
 
@@ -81,7 +83,9 @@ async def test_poison_jobs_and_control_requests_cost_one_dead_letter_or_rejected
     poison = b'{"kind":"redrive","run_id":' + DEEP + b"}"
     await publish(kafka_producer, topics.CONTROL, poison, "deep")
     await publish(kafka_producer, topics.CONTROL, encode(Redrive(run_id=after.run_id or "")), "ok")
-    [letter] = await wait_until(lambda: dead_letter_of(pg, poison), 60, what="the deep request's dead letter")
+    [letter] = await wait_until(
+        lambda: dead_letter_of(pg_admin, poison), 60, what="the deep request's dead letter"
+    )
     assert letter["original_topic"] == topics.CONTROL
 
     # 4. regrades to run ids that would be object paths: refused, and a valid regrade runs
@@ -96,10 +100,10 @@ async def test_poison_jobs_and_control_requests_cost_one_dead_letter_or_rejected
         encode(Regrade(run_id=after.run_id or "", new_run_id=good, grader="exact")),
         good,
     )
-    await completes(pg, good)
+    await completes(pg_admin, good)
     for bad in ("x/slash", "a/../R"):
-        assert await pg.fetchval("SELECT count(*) FROM runs WHERE run_id = $1", bad) == 0
-        letters = await pg.fetch(
+        assert await pg_admin.fetchval("SELECT count(*) FROM runs WHERE run_id = $1", bad) == 0
+        letters = await pg_admin.fetch(
             "SELECT error FROM dead_letters WHERE original_topic = $1 AND position($2::bytea in payload) > 0",
             topics.CONTROL,
             bad.encode(),

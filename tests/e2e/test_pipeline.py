@@ -73,7 +73,11 @@ async def test_accuracy_in_report_equals_recomputation_from_results(tmp_path: Pa
 
 
 async def test_rejected_dataset_publishes_nothing(
-    stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
+    stack: Settings,
+    pg: asyncpg.Connection,
+    pg_admin: asyncpg.Connection,
+    tmp_path: Path,
+    kafka_producer: AIOKafkaProducer,
 ) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
@@ -114,7 +118,7 @@ async def test_rejected_dataset_publishes_nothing(
     assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id) == 0
     good = submit_wait(write_jsonl(tmp_path / "ok.jsonl", arithmetic_items(5)), "--model", "null")
     assert good["status"] == "completed"
-    dead = await pg.fetchval(
+    dead = await pg_admin.fetchval(  # a dead letter's payload: not the users' to read
         "SELECT count(*) FROM dead_letters WHERE original_topic = $1 AND payload = $2",
         topics.JOBS,
         b"\x00not json{",

@@ -185,7 +185,11 @@ def run_items(run_id: str) -> dict[str, float]:
 
 
 async def test_a_redelivered_regrade_request_adds_nothing(
-    stack: Settings, pg: asyncpg.Connection, kafka_producer: AIOKafkaProducer, original: dict[str, Any]
+    stack: Settings,
+    pg: asyncpg.Connection,
+    pg_admin: asyncpg.Connection,
+    kafka_producer: AIOKafkaProducer,
+    original: dict[str, Any],
 ) -> None:
     """The same request again - after the run completed, and after a crash that left it
     `publishing` (its shards published again) - neither grades again nor counts again."""
@@ -210,7 +214,7 @@ async def test_a_redelivered_regrade_request_adds_nothing(
     assert graded_items(port) == graded
 
     # as if the aggregator had died while publishing: the request is acted on again
-    await pg.execute("UPDATE runs SET status = 'publishing' WHERE run_id = $1", new_id)
+    await pg_admin.execute("UPDATE runs SET status = 'publishing' WHERE run_id = $1", new_id)
     assert await redeliver() == 1  # the run's one shard, published once more (not twice)
 
     async def regraded_again() -> bool:

@@ -17,6 +17,7 @@ from evalstream.common.settings import Settings
 from evalstream.worker.engines import bundled_model_path
 from evalstream.worker.engines.hf import file_sha256
 from tests.e2e.helpers import evalctl, results_jsonl, submit_wait, write_jsonl
+from tests.support import admin_settings
 
 pytestmark = pytest.mark.stack
 
@@ -125,7 +126,7 @@ async def test_dataset_versions_follow_content_not_files(tmp_path: Path, pg: asy
 
 
 async def test_reproduce_refuses_when_a_part_is_gone(
-    tmp_path: Path, pg: asyncpg.Connection, stack: Settings
+    tmp_path: Path, pg: asyncpg.Connection, pg_admin: asyncpg.Connection, stack: Settings
 ) -> None:
     rows = [{"id": f"g{i}", "question": f"Gone {nonce()} {i}?", "answer": str(i)} for i in range(3)]
     run = submit_wait(write_jsonl(tmp_path / "gone.jsonl", rows), "--model", "null")
@@ -133,7 +134,7 @@ async def test_reproduce_refuses_when_a_part_is_gone(
     # a model no live worker group serves (a run recorded by another deployment, say)
     fake = f"run-fake-{nonce()}"
     elsewhere = {**manifest, "model": {"spec": "hf:/opt/models/retired", "sla_fallback": False}}
-    await pg.execute(
+    await pg_admin.execute(
         "INSERT INTO runs (run_id, status, model, grader, spec, manifest) VALUES ($1, 'completed', $2, 'auto', '{}', $3)",
         fake,
         "hf:/opt/models/retired",
@@ -144,10 +145,10 @@ async def test_reproduce_refuses_when_a_part_is_gone(
         assert refused.returncode == 2
         assert "no live worker group serves model 'hf:/opt/models/retired'" in refused.stderr
     finally:
-        await pg.execute("DELETE FROM runs WHERE run_id = $1", fake)
+        await pg_admin.execute("DELETE FROM runs WHERE run_id = $1", fake)
     # the dataset's stored copy deleted (its content is unique to this test)
     bucket, key = storage.parse_s3_uri(manifest["source"]["uri"])
-    storage.client(stack).remove_object(bucket, key)
+    storage.client(admin_settings()).remove_object(bucket, key)  # only the admin deletes copies
     refused = evalctl("reproduce", run["run_id"], check=False)
     assert refused.returncode == 2
     assert f"the dataset copy {manifest['source']['uri']} is no longer available" in refused.stderr

@@ -34,6 +34,7 @@ from tests.replay_files import replay_dir, replay_env
 from tests.support import (
     admin_kafka,
     admin_settings,
+    principal_settings,
     read_topic_since,
     topic_end_offsets,
     unique,
@@ -74,9 +75,11 @@ def router_env(shards_topic: str, groups: list[str], **overrides: str) -> dict[s
     }
 
 
-async def submit_private(settings: Settings, shards_topic: str, job: JobSpec) -> str:
-    """Creates a run exactly as the producer does, publishing its shards to `shards_topic`."""
+async def submit_private(shards_topic: str, job: JobSpec) -> str:
+    """Creates a run exactly as the producer does (with its database role and S3 key pair),
+    publishing its shards to `shards_topic`."""
     assert job.run_id
+    settings = principal_settings("producer")
     pool = await db.create_pool(settings.database_url, max_size=2)
     producer = AIOKafkaProducer(**admin_kafka(), acks="all")
     await producer.start()
@@ -352,7 +355,7 @@ async def test_killing_every_worker_of_a_group_mid_run_loses_nothing(
             shard_size=10,
             generation=GenerationParams(max_tokens=16),
         )
-        await submit_private(stack, inbox, job)
+        await submit_private(inbox, job)
         cgroup, work = topics.worker_consumer_group(doomed), topics.work_topic(doomed)
 
         async def doomed_has_a_backlog() -> bool:

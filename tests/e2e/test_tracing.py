@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from evalstream.common.settings import Settings
 from tests.e2e.helpers import ROOT, arithmetic_items, write_jsonl
-from tests.support import admin_kafka, kafka_env, unique
+from tests.support import admin_kafka, credentials_env, unique
 
 pytestmark = pytest.mark.stack
 
@@ -128,7 +128,7 @@ async def test_one_connected_trace_from_submit_to_aggregator(
     full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     boot = subprocess.run(  # topics and the ACLs of the prefixed names: the admin's job
         [sys.executable, "-m", "evalstream.common.bootstrap"],
-        env={**full_env, **kafka_env("admin")},
+        env={**full_env, **credentials_env("admin")},
         capture_output=True,
         text=True,
         timeout=120,

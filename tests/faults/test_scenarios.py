@@ -48,7 +48,14 @@ from tests.faults.harness import (
     stack_cmd,
     wait_for,
 )
-from tests.support import ServiceProcess, admin_kafka, admin_settings, read_records, unique
+from tests.support import (
+    ServiceProcess,
+    admin_database_url,
+    admin_kafka,
+    admin_settings,
+    read_records,
+    unique,
+)
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults]
 
@@ -330,7 +337,7 @@ async def test_08_poison_message_on_every_topic(stack: Settings, group: Group, t
     verdict(await sc.judge(DEADLINE_S))
 
     async def letters() -> list[asyncpg.Record]:
-        conn = await asyncpg.connect(stack.database_url)
+        conn = await asyncpg.connect(admin_database_url())  # payloads are not the users' to read
         try:
             return list(
                 await conn.fetch(

@@ -16,7 +16,7 @@ from evalstream.aggregator.store import ResultStore, Sourced, source_of
 from evalstream.common import db, storage
 from evalstream.common.messages import ItemResult
 from evalstream.common.settings import Settings
-from tests.support import unique
+from tests.support import principal_settings, unique
 
 pytestmark = pytest.mark.stack
 
@@ -37,18 +37,19 @@ def counted(run_id: str) -> dict[str, float | None]:
 
 
 async def test_a_redriven_success_moves_its_item_from_failed_to_succeeded(
-    stack: Settings, pg: asyncpg.Connection
+    stack: Settings, pg_admin: asyncpg.Connection
 ) -> None:
     run_id = unique("counters")
-    await pg.execute(
+    await pg_admin.execute(
         "INSERT INTO runs (run_id, status, model, grader, spec, total) VALUES ($1, 'running', 'null', 'exact', $2, 3)",
         run_id,
         json.dumps({}),
     )
-    pool = await db.create_pool(stack.database_url)
+    own = principal_settings("aggregator")  # the aggregator's database role and S3 key pair
+    pool = await db.create_pool(own.database_url)
     try:
         store = ResultStore(pool)
-        completion = Completion(store, storage.client(stack), stack.s3_bucket_results)
+        completion = Completion(store, storage.client(own), own.s3_bucket_results)
         offset = 0
 
         async def record(results: list[ItemResult]) -> None:
@@ -65,9 +66,9 @@ async def test_a_redriven_success_moves_its_item_from_failed_to_succeeded(
         assert counted(run_id) == {"succeeded": 2.0, "failed": 1.0}
         await record([result(run_id, "b"), result(run_id, "c", "x")])  # redelivered: no new row
         assert counted(run_id) == {"succeeded": 2.0, "failed": 1.0}
-        rows = await pg.fetch("SELECT error IS NULL AS ok FROM item_results WHERE run_id = $1", run_id)
+        rows = await pg_admin.fetch("SELECT error IS NULL AS ok FROM item_results WHERE run_id = $1", run_id)
         assert sorted(r["ok"] for r in rows) == [False, True, True]
-        assert await pg.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 3
+        assert await pg_admin.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 3
     finally:
         await pool.close()
-        await pg.execute("DELETE FROM runs WHERE run_id = $1", run_id)
+        await pg_admin.execute("DELETE FROM runs WHERE run_id = $1", run_id)

@@ -202,9 +202,9 @@ async def test_a_principal_cannot_join_another_services_consumer_group(stack: Se
 # --------------------------------------------------------------------------- PostgreSQL
 
 
-def without_password(url: str, password: str | None = None) -> str:
+def without_password(url: str, password: str | None = None, user: str | None = None) -> str:
     parts = urlsplit(url)
-    userinfo = f"{parts.username}" + (f":{password}" if password is not None else "")
+    userinfo = f"{user or parts.username}" + (f":{password}" if password is not None else "")
     return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.hostname}:{parts.port}"))
 
 
@@ -213,11 +213,14 @@ async def test_postgres_refuses_a_connection_without_the_password(stack: Setting
     await conn.close()
     bare = without_password(stack.database_url)
     assert urlsplit(bare).password is None
+    owner = urlsplit(principal_settings(acls.ADMIN).database_url)
     for url in (
         bare,
         without_password(stack.database_url, "evalstream"),  # the old fixed password
         without_password(stack.database_url, "wrong"),
-        without_password(stack.database_url.replace("//evalstream", "//postgres", 1)),  # superuser over TCP
+        without_password(stack.database_url, user="postgres"),  # the superuser, over TCP
+        # the owner's name with the users' password
+        without_password(stack.database_url, urlsplit(stack.database_url).password, user=owner.username),
     ):
         with pytest.raises((asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
             await asyncpg.connect(url, password="" if urlsplit(url).password is None else None)
@@ -227,19 +230,23 @@ async def test_postgres_refuses_a_connection_without_the_password(stack: Setting
 
 
 def secrets_of_the_stack() -> list[str]:
+    """Every password and key of the stack: Kafka's, every database role's, every S3 key
+    pair's, SeaweedFS's signing keys (files of <stack>/secrets; its seaweedfs folder holds
+    configuration made of these and the certificates)."""
     folder = STACK / "secrets"
-    found = [p.read_text().strip() for p in sorted(folder.iterdir())]
-    assert len(found) >= 7, f"expected every principal's password and PostgreSQL's in {folder}"
+    found = [p.read_text().strip() for p in sorted(folder.iterdir()) if p.is_file()]
+    assert len(found) >= 6 + 5 + 8 + 4, f"expected every principal's password and keys in {folder}"
     return found
 
 
 def test_settings_repr_shows_no_password(stack: Settings) -> None:
-    db_password = urlsplit(stack.database_url).password
-    assert db_password and stack.kafka_password
-    for settings in (stack, principal_settings(acls.ADMIN)):
+    for settings in (stack, principal_settings(acls.ADMIN), principal_settings(acls.AGGREGATOR)):
+        db_password = urlsplit(settings.database_url).password
+        assert db_password and settings.kafka_password and settings.s3_secret_key
         text = repr(settings) + str(settings)
         assert db_password not in text
         assert settings.kafka_password not in text
+        assert settings.s3_secret_key not in text
         assert "kafka_username=" in text  # the repr still says who the client is
 
 

@@ -14,13 +14,13 @@ from evalstream.aggregator.store import DeadLetterRecord, ResultStore
 from evalstream.common import db, topics
 from evalstream.common.messages import ItemResult, ShardResult, encode
 from evalstream.common.settings import Settings
-from tests.support import unique, wait_until
+from tests.support import admin_database_url, service_database_url, unique, wait_until
 
 pytestmark = pytest.mark.stack
 
 
 async def test_results_of_an_unknown_run_become_a_dead_letter(
-    stack: Settings, kafka_producer: AIOKafkaProducer, pg: asyncpg.Connection
+    stack: Settings, kafka_producer: AIOKafkaProducer, pg_admin: asyncpg.Connection
 ) -> None:
     ghost = unique("ghost-run")
     result = ShardResult(
@@ -38,7 +38,9 @@ async def test_results_of_an_unknown_run_become_a_dead_letter(
 
     async def kept() -> list[asyncpg.Record]:
         return list(
-            await pg.fetch("SELECT error, original_topic, payload FROM dead_letters WHERE run_id = $1", ghost)
+            await pg_admin.fetch(
+                "SELECT error, original_topic, payload FROM dead_letters WHERE run_id = $1", ghost
+            )
         )
 
     rows = await wait_until(kept, 120, what=f"a dead letter for the results of unknown run {ghost}")
@@ -46,11 +48,11 @@ async def test_results_of_an_unknown_run_become_a_dead_letter(
     assert rows[0]["error"] == f"results of unknown run {ghost}"
     assert rows[0]["original_topic"] == topics.RESULTS
     assert bytes(rows[0]["payload"]) == encode(result)  # every result in it, as published
-    assert await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", ghost) == 0
+    assert await pg_admin.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", ghost) == 0
 
 
 async def test_dead_letters_at_the_same_offset_of_a_recreated_topic_are_both_kept(
-    stack: Settings, pg: asyncpg.Connection
+    stack: Settings, pg_admin: asyncpg.Connection
 ) -> None:
     run_id = unique("dlq-identity")
     now_ms = int(time.time() * 1000)
@@ -61,8 +63,8 @@ async def test_dead_letters_at_the_same_offset_of_a_recreated_topic_are_both_kep
             dlq_partition=2, dlq_offset=41, dlq_timestamp=ts, error=error, headers={}, payload=error.encode(),
         )  # fmt: skip
 
-    await db.migrate(stack.database_url)
-    pool = await db.create_pool(stack.database_url)
+    await db.migrate(admin_database_url())  # the owner's
+    pool = await db.create_pool(service_database_url("aggregator"))
     try:
         store = ResultStore(pool)
         for one in (
@@ -76,6 +78,6 @@ async def test_dead_letters_at_the_same_offset_of_a_recreated_topic_are_both_kep
         await pool.close()
     errors = [
         r["error"]
-        for r in await pg.fetch("SELECT error FROM dead_letters WHERE run_id = $1 ORDER BY id", run_id)
+        for r in await pg_admin.fetch("SELECT error FROM dead_letters WHERE run_id = $1 ORDER BY id", run_id)
     ]
     assert errors == ["before the topic was recreated", "after: offsets start again"]

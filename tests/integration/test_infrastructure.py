@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from evalstream.common import storage, topics
 from evalstream.common.lag import topic_partitions
 from evalstream.common.settings import Settings
-from tests.support import PROMETHEUS_URL, admin_kafka
+from tests.support import PROMETHEUS_URL, admin_database_url, admin_kafka, admin_settings
 
 pytestmark = pytest.mark.stack
 
@@ -69,7 +69,7 @@ async def test_pipeline_topics_exist_with_partitions(stack: Settings) -> None:
 
 
 async def test_postgres_round_trip_through_migrated_schema(stack: Settings) -> None:
-    conn = await asyncpg.connect(stack.database_url)
+    conn = await asyncpg.connect(admin_database_url())  # the owner: the users' role only reads
     run_id = f"test-{uuid.uuid4().hex[:8]}"
     try:
         versions = [
@@ -95,7 +95,7 @@ async def test_postgres_round_trip_through_migrated_schema(stack: Settings) -> N
 
 
 def test_s3_put_list_get_with_minio_client(stack: Settings) -> None:
-    s3 = storage.client(stack)
+    s3 = storage.client(admin_settings())  # the store's admin: users write only their uploads
     name = f"tests/{uuid.uuid4().hex}/hello.json"
     body = json.dumps({"hello": "s3"}).encode()
     s3.put_object(stack.s3_bucket_results, name, io.BytesIO(body), len(body), content_type="application/json")

@@ -17,7 +17,7 @@ from evalstream.common.messages import Item, ItemResult
 from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 from evalstream.worker.grading import get_grader
-from tests.support import unique
+from tests.support import admin_database_url, service_database_url, unique
 
 pytestmark = pytest.mark.stack
 
@@ -40,7 +40,7 @@ def choice_scores(lls: list[float]) -> str:
 async def store_run(
     stack: Settings, pg: asyncpg.Connection, run_id: str, grader: str, results: list[ItemResult]
 ) -> None:
-    await db.migrate(stack.database_url)  # 007 on a stack made before it
+    await db.migrate(admin_database_url())  # 007 on a stack made before it (the owner's job)
     await pg.execute(
         "INSERT INTO runs (run_id, status, model, grader, spec, total) VALUES ($1, 'running', 'null', $2, $3, $4)",
         run_id,
@@ -48,7 +48,7 @@ async def store_run(
         json.dumps({}),
         len(results),
     )
-    pool = await db.create_pool(stack.database_url)
+    pool = await db.create_pool(service_database_url("aggregator"))  # the aggregator's own store
     try:
         async with pool.acquire() as conn, conn.transaction():
             await ResultStore(pool).write(
@@ -59,7 +59,7 @@ async def store_run(
 
 
 async def test_a_multiple_choice_run_is_summarised_with_acc_and_acc_norm(
-    stack: Settings, pg: asyncpg.Connection
+    stack: Settings, pg_admin: asyncpg.Connection
 ) -> None:
     run_id = unique("scores")
     item = Item(id="", question="Q:", choices=["red", "a table", "blue-green"], answer="2")
@@ -76,28 +76,28 @@ async def test_a_multiple_choice_run_is_summarised_with_acc_and_acc_norm(
     ]
     assert [(r.correct, r.correct_norm) for r in results] == [(a, n) for _, a, n in cases]
     try:
-        await store_run(stack, pg, run_id, "loglikelihood", results)
-        rows = await pg.fetch(
+        await store_run(stack, pg_admin, run_id, "loglikelihood", results)
+        rows = await pg_admin.fetch(
             "SELECT item_id, correct_norm, loglikelihood, doc_words FROM item_results WHERE run_id = $1 ORDER BY item_id",
             run_id,
         )
         assert [(r["correct_norm"], r["loglikelihood"], r["doc_words"]) for r in rows] == [
             (n, lls[2], None) for lls, _, n in cases
         ]
-        summary = await summarise(pg, run_id)
+        summary = await summarise(pg_admin, run_id)
         s = summary["scores"]
         assert s["acc"]["value"] == 0.5 and s["acc_norm"]["value"] == 0.75 and s["acc"]["n"] == 4
         assert s["acc"]["stderr"] == pytest.approx(math.sqrt(0.25 / 3), abs=1e-6)
         lo, hi = s["acc_norm"]["ci95"]
         assert lo < 0.75 < hi <= 1.0
         assert summary["accuracy"] == 0.5
-        item_row = await items.one_item(pg, run_id, "i0")
+        item_row = await items.one_item(pg_admin, run_id, "i0")
         assert item_row is not None
         page = items_html.item_sections(item_row)
         assert "id='choices'" in page and "blue-green" in page and "acc_norm pick" in page
     finally:
-        await pg.execute("DELETE FROM item_results WHERE run_id = $1", run_id)
-        await pg.execute("DELETE FROM runs WHERE run_id = $1", run_id)
+        await pg_admin.execute("DELETE FROM item_results WHERE run_id = $1", run_id)
+        await pg_admin.execute("DELETE FROM runs WHERE run_id = $1", run_id)
 
 
 def _item(template: Item, item_id: str) -> Item:
@@ -105,7 +105,7 @@ def _item(template: Item, item_id: str) -> Item:
 
 
 async def test_a_perplexity_run_reports_lm_evals_weighted_perplexities(
-    stack: Settings, pg: asyncpg.Connection
+    stack: Settings, pg_admin: asyncpg.Connection
 ) -> None:
     run_id = unique("ppl")
     docs = {"d1": ("one two three four", -20.0), "d2": ("fünf sechs", -9.5)}
@@ -119,8 +119,8 @@ async def test_a_perplexity_run_reports_lm_evals_weighted_perplexities(
         for k, (text, ll) in docs.items()
     ]
     try:
-        await store_run(stack, pg, run_id, "perplexity", results)
-        summary = await summarise(pg, run_id)
+        await store_run(stack, pg_admin, run_id, "perplexity", results)
+        summary = await summarise(pg_admin, run_id)
         s = summary["scores"]
         words, n_bytes = 4 + 2, len(b"one two three four") + len("fünf sechs".encode())
         assert (s["documents"], s["words"], s["bytes"]) == (2, words, n_bytes)
@@ -129,5 +129,5 @@ async def test_a_perplexity_run_reports_lm_evals_weighted_perplexities(
         assert s["bits_per_byte"] == pytest.approx(29.5 / n_bytes / math.log(2))
         assert summary["accuracy"] is None  # nothing in a perplexity run is right or wrong
     finally:
-        await pg.execute("DELETE FROM item_results WHERE run_id = $1", run_id)
-        await pg.execute("DELETE FROM runs WHERE run_id = $1", run_id)
+        await pg_admin.execute("DELETE FROM item_results WHERE run_id = $1", run_id)
+        await pg_admin.execute("DELETE FROM runs WHERE run_id = $1", run_id)

@@ -28,7 +28,7 @@ from evalstream.common import db, storage
 from evalstream.common.messages import ItemResult
 from evalstream.common.settings import Settings
 from evalstream.common.testhooks import CrashPoints
-from tests.support import unique
+from tests.support import principal_settings, unique
 
 pytestmark = pytest.mark.stack
 
@@ -51,12 +51,13 @@ async def table_uri(stack: Settings) -> str:
 @pytest.fixture
 async def aggregators(stack: Settings, table_uri: str) -> AsyncIterator[list[Aggregator]]:
     made: list[Aggregator] = []
+    own = principal_settings("aggregator")  # the aggregator's database role and S3 key pair
     for _ in range(2):
-        pool = await db.create_pool(stack.database_url, max_size=4)
+        pool = await db.create_pool(own.database_url, max_size=4)
         store = ResultStore(pool)
-        s3 = storage.client(stack)
-        table = delta.DeltaMirror(delta.DeltaResults(table_uri, delta.storage_options(stack)), store)
-        lock = SinkLock(stack.database_url)
+        s3 = storage.client(own)
+        table = delta.DeltaMirror(delta.DeltaResults(table_uri, delta.storage_options(own)), store)
+        lock = SinkLock(own.database_url)
         sink = ResultSink(
             pool,
             lock,
@@ -155,10 +156,10 @@ def spy_on_commits(a: Aggregator) -> list[tuple[int, int]]:
 
 
 async def test_each_record_reaches_every_sink_once_through_crashes_and_redeliveries(
-    stack: Settings, pg: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
 ) -> None:
     a = aggregators[0]
-    run_id = await new_run(pg, total=4)
+    run_id = await new_run(pg_admin, total=4)
     w1 = window(run_id, "eval.results", 0, {10: ["1", "2"], 11: ["3"]})
 
     # killed after its database commit, before the mirror: the rows are in PostgreSQL only
@@ -169,7 +170,7 @@ async def test_each_record_reaches_every_sink_once_through_crashes_and_redeliver
     recorded = await a.sink.record(w1)
     assert recorded.results == []  # no row is new: the metrics count nothing twice
     assert delta_items(stack, table_uri, run_id) == Counter({("1", True): 1, ("2", True): 1, ("3", True): 1})
-    assert parquet_items(stack, run_id) == await pg_items(pg, run_id)
+    assert parquet_items(stack, run_id) == await pg_items(pg_admin, run_id)
 
     # killed after the Delta commit, before the Kafka commit: redelivered, nothing at all happens
     # (the table's transaction ids say the records are in: not even a merge is tried)
@@ -185,36 +186,36 @@ async def test_each_record_reaches_every_sink_once_through_crashes_and_redeliver
     # item 4 dead-lettered, then redriven to a success: one row, the success
     await a.sink.record(window(run_id, "eval.dlq", 1, {5: ["4"]}, error="failed 3 times"))
     assert delta_items(stack, table_uri, run_id)[("4", False)] == 1
-    assert await pg.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
+    assert await pg_admin.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
     await a.sink.record(window(run_id, "eval.results", 0, {13: ["4"]}))
     expected = Counter({("1", True): 1, ("2", True): 1, ("3", True): 1, ("4", True): 1})
-    assert await pg_items(pg, run_id) == expected
+    assert await pg_items(pg_admin, run_id) == expected
     assert delta_items(stack, table_uri, run_id) == expected
     assert parquet_items(stack, run_id) == expected
-    assert await pg.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 4
+    assert await pg_admin.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 4
 
 
 async def test_two_aggregators_writing_the_same_records_at_once_add_each_row_once(
-    stack: Settings, pg: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
 ) -> None:
     """A partition moved in a rebalance while its old owner still worked on its window: both
     write the same records, the new owner a longer window."""
-    run_id = await new_run(pg, total=75)
+    run_id = await new_run(pg_admin, total=75)
     old = window(run_id, "eval.results", 1, {o: [f"{o}-{i}" for i in range(5)] for o in range(10)})
     new = window(run_id, "eval.results", 1, {o: [f"{o}-{i}" for i in range(5)] for o in range(15)})
     await asyncio.gather(aggregators[0].sink.record(old), aggregators[1].sink.record(new))
     expected = Counter({(f"{o}-{i}", True): 1 for o in range(15) for i in range(5)})
-    assert await pg_items(pg, run_id) == expected
+    assert await pg_items(pg_admin, run_id) == expected
     assert delta_items(stack, table_uri, run_id) == expected
     assert parquet_items(stack, run_id) == expected
-    assert await pg.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
+    assert await pg_admin.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
 
 
 async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
-    stack: Settings, pg: asyncpg.Connection, aggregators: list[Aggregator]
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator]
 ) -> None:
     n = objects.SEGMENT_ROWS + 10
-    run_id = await new_run(pg, total=n)
+    run_id = await new_run(pg_admin, total=n)
     items = [f"{i:06d}" for i in range(n)]
     half = n // 2
     await aggregators[0].sink.record(window(run_id, "eval.results", 2, {0: items[:half]}))
@@ -230,4 +231,4 @@ async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
     ]
     first = pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, names[0])))
     assert first.num_rows == objects.SEGMENT_ROWS
-    assert parquet_items(stack, run_id) == await pg_items(pg, run_id)
+    assert parquet_items(stack, run_id) == await pg_items(pg_admin, run_id)

@@ -39,6 +39,10 @@ DOCKER = ROOT / "ops/docker"
 PROMETHEUS = ROOT / "ops/prometheus"
 
 SERVICES = ("producer", "router", "worker", "aggregator")
+# compose service -> whose credentials it runs with (acls.py, db_roles.py, s3_identities.py):
+# bootstrap is the admin (the tables' owner, the store's admin)
+PRINCIPALS = {"producer": "producer", "router": "router", "worker": "worker", "aggregator": "aggregator",
+              "bootstrap": "admin"}  # fmt: skip
 INFRA = ("kafka", "postgres", "s3", "prometheus", "grafana", "bootstrap")
 # compose service -> the evalstream service whose image, settings and port it uses
 APP_SERVICES = {
@@ -52,8 +56,17 @@ APP_SERVICES = {
 # documented names.
 INFRA_ENV = {
     "kafka": lambda k: k.startswith("KAFKA_") or k == "CLUSTER_ID",
-    "postgres": lambda k: k in {"POSTGRES_DB", "POSTGRES_USER", "POSTGRES_PASSWORD"},
-    "s3": lambda k: k in {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"},
+    # the image's own, and the components' roles' passwords (ops/docker/postgres/roles.sh)
+    "postgres": lambda k: (
+        k in {"POSTGRES_DB", "POSTGRES_USER", "POSTGRES_PASSWORD"}
+        or re.fullmatch(r"POSTGRES_ROLE_[A-Z]+_PASSWORD", k) is not None
+    ),
+    # the admin's keys (the image's), SeaweedFS's signing keys, the components' key pairs and
+    # buckets for the identity file (ops/docker/s3/start.sh)
+    "s3": lambda k: (
+        k in {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_BUCKET_DATASETS", "S3_BUCKET_RESULTS"}
+        or re.fullmatch(r"WEED_JWT_(FILER_)?SIGNING(_READ)?_KEY|S3_[A-Z]+_(ACCESS|SECRET)_KEY", k) is not None
+    ),
     "prometheus": lambda k: False,
     "grafana": lambda k: k.startswith("GF_"),
 }
@@ -373,19 +386,110 @@ def test_services_reach_the_infrastructure_by_compose_names() -> None:
         assert env["KAFKA_BOOTSTRAP"] == "kafka:19092", name
         if "DATABASE_URL" in env:
             url = urlsplit(env["DATABASE_URL"])
-            assert (url.scheme, url.hostname, url.port) == ("postgresql", "postgres", 5432), name
-            assert (url.username, url.password, url.path) == (
-                ENV["POSTGRES_USER"],
-                ENV["POSTGRES_PASSWORD"],
+            assert (url.scheme, url.hostname, url.port, url.path) == (
+                "postgresql",
+                "postgres",
+                5432,
                 "/" + ENV["POSTGRES_DB"],
             ), name
         if "S3_ENDPOINT" in env:
             assert env["S3_ENDPOINT"] == "http://s3:8333", name
+
+
+def test_each_service_has_its_own_database_role_and_s3_key_pair() -> None:
+    """Each service connects as its principal's role (db_roles.role_name; bootstrap as the
+    owner) and with its principal's key pair (the admin's for bootstrap); the router has
+    neither, workers no key pair."""
+    from evalstream.common import db_roles, s3_identities
+
+    owner = ENV["POSTGRES_USER"]
+    for name, principal in PRINCIPALS.items():
+        env = environment(COMPOSE["services"][name])
+        if principal in db_roles.SERVICES or principal == "admin":
+            url = urlsplit(env["DATABASE_URL"])
+            if principal == "admin":
+                assert (url.username, url.password) == (owner, ENV["POSTGRES_PASSWORD"]), name
+            else:
+                role, password = (
+                    db_roles.role_name(owner, principal),
+                    ENV[f"POSTGRES_ROLE_{principal.upper()}_PASSWORD"],
+                )
+                assert (url.username, url.password) == (role, password), name
+        else:
+            assert "DATABASE_URL" not in env, f"{name} has a database role"
+        if principal in s3_identities.PRINCIPALS:
             keys = (env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"])
-            assert keys == (ENV["S3_ACCESS_KEY"], ENV["S3_SECRET_KEY"]), name
-    # The producer, the bootstrap, the workers and the aggregator need the stores; the router not.
-    for name in ("producer", "bootstrap", "worker", "aggregator"):
+            assert keys == (
+                ENV[f"S3_{principal.upper()}_ACCESS_KEY"],
+                ENV[f"S3_{principal.upper()}_SECRET_KEY"],
+            ), name
+        else:
+            assert not {"S3_ACCESS_KEY", "S3_SECRET_KEY"} & set(env), f"{name} has S3 keys"
+    # no two principals share a password or a key
+    secrets = [v for k, v in ENV.items() if SECRET_ENV.search(k) or k.startswith("SEAWEEDFS_JWT_")]
+    assert len(secrets) == len(set(secrets))
+    # The producer, the bootstrap and the aggregator need both stores; workers the database.
+    for name in ("producer", "bootstrap", "aggregator"):
         assert {"DATABASE_URL", "S3_ENDPOINT"} <= set(environment(COMPOSE["services"][name])), name
+    assert "DATABASE_URL" in environment(COMPOSE["services"]["worker"])
+
+
+def test_postgres_makes_every_components_role() -> None:
+    """ops/docker/postgres/roles.sh makes the roles db_roles.py names, with the passwords the
+    services' DATABASE_URLs carry, and the healthcheck waits for them."""
+    from evalstream.common import db_roles
+
+    postgres = COMPOSE["services"]["postgres"]
+    assert postgres["command"] == ["bash", "/opt/evalstream/roles.sh"]
+    mounts = dict(str(v).split(":")[:2][::-1] for v in postgres["volumes"])
+    script = (ROOT / mounts["/opt/evalstream/roles.sh"]).read_text()
+    loop = re.search(r"for component in ([a-z ]+); do", script)
+    assert loop and loop.group(1).split() == list(db_roles.SERVICES)
+    assert 'role="${POSTGRES_USER}_${component}"' in script  # db_roles.role_name
+    assert 'var="POSTGRES_ROLE_${component^^}_PASSWORD"' in script
+    for component in db_roles.SERVICES:
+        assert f"POSTGRES_ROLE_{component.upper()}_PASSWORD" in environment(postgres)
+    assert "max_connections=200" in script
+    assert "test -f /tmp/roles-ready" in " ".join(postgres["healthcheck"]["test"])
+
+
+def test_the_s3_identity_file_is_the_identity_table() -> None:
+    """ops/s3/s3.compose.json, rendered as ops/docker/s3/start.sh renders it, is
+    s3_identities.config() for the key pairs and buckets of .env."""
+    from evalstream.common import s3_identities
+    from evalstream.common.settings import S3Settings
+
+    s3 = COMPOSE["services"]["s3"]
+    env = environment(s3)
+    text = (ROOT / "ops/s3/s3.compose.json").read_text()
+    script = (ROOT / "ops/docker/s3/start.sh").read_text()
+    placeholders = set(re.findall(r"\$\{(\w+)\}", text))
+    assert placeholders <= set(re.findall(r"\b(S3_[A-Z_]+)\b", script.split("; do", 1)[0]))
+    rendered = json.loads(re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], text))
+    keys = {
+        p: (ENV[f"S3_{p.upper()}_ACCESS_KEY"], ENV[f"S3_{p.upper()}_SECRET_KEY"])
+        for p in s3_identities.PRINCIPALS
+        if p != "admin"
+    }
+    buckets = S3Settings(
+        s3_bucket_datasets=ENV["S3_BUCKET_DATASETS"], s3_bucket_results=ENV["S3_BUCKET_RESULTS"]
+    )
+    assert rendered == s3_identities.config(keys, buckets)
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == (
+        ENV["S3_ADMIN_ACCESS_KEY"],
+        ENV["S3_ADMIN_SECRET_KEY"],
+    )
+    assert s3["entrypoint"] == ["/bin/sh", "/opt/evalstream/s3-start.sh"]
+    for flag in (
+        "-disableHttp",
+        "-s3.config=/tmp/s3.json",
+        "-s3.iam=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+    ):
+        assert flag in s3["command"], flag
+    for key in ("WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY", "WEED_JWT_FILER_SIGNING_KEY"):
+        assert env[key], key
 
 
 def test_http_ports_equal_settings_service_ports() -> None:
@@ -416,17 +520,19 @@ def test_env_example_declares_every_variable_compose_needs_and_no_other() -> Non
     assert not unused, f".env.example sets variables docker-compose.yml does not use: {sorted(unused)}"
 
 
-def test_env_example_matches_the_local_defaults() -> None:
-    """So that evalctl and tests on the host work against either stack with the same defaults."""
+def test_env_example_takes_none_of_the_settings_default_credentials() -> None:
+    """A stack made from .env.example refuses settings.py's defaults (the documented
+    evalstream/evalstream and evalstream/evalstream-secret): a client that names no credentials
+    gets nowhere. Its other settings equal the local defaults."""
     url = urlsplit(DEFAULTS["DATABASE_URL"])
-    assert (ENV["POSTGRES_USER"], ENV["POSTGRES_PASSWORD"], "/" + ENV["POSTGRES_DB"]) == (
-        url.username,
-        url.password,
-        url.path,
-    )
+    passwords = {v for k, v in ENV.items() if k.endswith("PASSWORD")}
+    s3_keys = {v for k, v in ENV.items() if re.fullmatch(r"S3_[A-Z]+_(ACCESS|SECRET)_KEY", k)}
+    assert len(passwords) >= 11 and len(s3_keys) == 8
+    assert url.password not in passwords
+    assert not {DEFAULTS["S3_ACCESS_KEY"], DEFAULTS["S3_SECRET_KEY"]} & s3_keys
     for key in set(ENV) & set(DEFAULTS):
         assert ENV[key] == DEFAULTS[key], key
-    assert {"S3_ACCESS_KEY", "S3_SECRET_KEY"} <= set(ENV)
+    assert (ENV["POSTGRES_USER"], "/" + ENV["POSTGRES_DB"]) == (url.username, url.path)
 
 
 def test_credentials_come_only_from_env() -> None:
@@ -437,13 +543,15 @@ def test_credentials_come_only_from_env() -> None:
                 from_env = re.fullmatch(r"\$\{\w+(:?\?[^}]*)?\}", value)
                 assert from_env, f"{name}: {key} must be ${{VAR}} from .env"
             if key == "DATABASE_URL":
-                assert "${POSTGRES_PASSWORD" in value and "${POSTGRES_USER" in value, name
+                assert (
+                    re.search(r"\$\{POSTGRES_(ROLE_[A-Z]+_)?PASSWORD", value) and "${POSTGRES_USER" in value
+                ), name
     identities = json.loads((ROOT / "ops/s3/s3.compose.json").read_text())["identities"]
     for identity in identities:
-        assert not identity.get("credentials"), "S3 keys belong in .env, not in ops/s3/s3.compose.json"
-    s3 = environment(COMPOSE["services"]["s3"])
-    keys = (s3["AWS_ACCESS_KEY_ID"], s3["AWS_SECRET_ACCESS_KEY"])
-    assert keys == (ENV["S3_ACCESS_KEY"], ENV["S3_SECRET_KEY"])
+        for credential in identity["credentials"]:
+            assert all(
+                re.fullmatch(r"\$\{S3_[A-Z]+_(ACCESS|SECRET)_KEY\}", v) for v in credential.values()
+            ), "S3 keys belong in .env, not in ops/s3/s3.compose.json"
 
 
 # --------------------------------------------------------------------------- compose: ports

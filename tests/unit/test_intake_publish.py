@@ -57,7 +57,7 @@ def test_a_job_without_a_shard_size_gets_shards_sized_by_its_set() -> None:
 
 def test_shard_messages_from_the_stored_copy_are_the_shards_byte_for_byte() -> None:
     items = [
-        Item(id=f"q{i}", question=f"What is {i} + 1? \u00e9\n\"quoted\"", answer=str(i + 1), meta={"k": [i]})
+        Item(id=f"q{i}", question=f'What is {i} + 1? \u00e9\n"quoted"', answer=str(i + 1), meta={"k": [i]})
         for i in range(250)
     ]
     job = JobSpec(dataset="x.jsonl", shard_size=40, system_prompt="be brief", name="n")
@@ -70,7 +70,9 @@ def test_shard_messages_from_the_stored_copy_are_the_shards_byte_for_byte() -> N
     assert [key for _, key in messages] == [spread.shard_key("run-x", s.shard_index) for s in expected]
 
 
-@pytest.mark.parametrize(("shards", "partitions"), [(1, 6), (4, 6), (6, 6), (7, 6), (254, 6), (40, 12), (5, 1)])
+@pytest.mark.parametrize(
+    ("shards", "partitions"), [(1, 6), (4, 6), (6, 6), (7, 6), (254, 6), (40, 12), (5, 1)]
+)
 def test_one_runs_shards_cover_min_partitions_shards_evenly(shards: int, partitions: int) -> None:
     for run_id in ("run-a", "run-20261202-0001", "x"):
         placed = Counter(

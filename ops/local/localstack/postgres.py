@@ -3,7 +3,10 @@
 Authentication (pg_hba.conf, rewritten at every start): TCP connections need a password
 (scram-sha-256), for every role; only the postgres superuser may connect without one, over
 the UNIX socket in the data folder (mode 700) and as the postgres OS user (peer). The
-evalstream role's password is the stack's (credentials.py), set again at every start."""
+evalstream role (the owner of the tables) and a role per component (db_roles.py: producer,
+aggregator, worker, user) get the stack's passwords (credentials.py), set again at every `up`,
+as do the superuser's least-privilege steps (db_roles.superuser_sql: advisory locks); the
+grants on the tables are bootstrap's (db_roles.apply, as the owner)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from evalstream.common import db_roles
 from localstack import hosts
 from localstack.config import PG_PORT, STACK, log, run, wait_for
-from localstack.credentials import PG_DB, PG_USER, pg_password
+from localstack.credentials import PG_DB, PG_USER, pg_password, pg_role_passwords
 from localstack.installs import pg_bin
 from localstack.proc import Proc
 
@@ -132,21 +136,11 @@ class Postgres(Proc):
             != "1"
         ):
             pg_run(*psql, f"CREATE ROLE {user} LOGIN")
-        # The password through stdin, not the command line; SCRAM-hashed by the server.
+        # The passwords through stdin, not the command line; SCRAM-hashed by the server.
         password = pg_password().replace("'", "''")
-        pg_run(
-            str(pg_bin() / "psql"),
-            "-h",
-            str(self.data),
-            "-p",
-            str(PG_PORT),
-            "-U",
-            "postgres",
-            "-qtA",
-            "-v",
-            "ON_ERROR_STOP=1",
-            input=f"SET password_encryption = 'scram-sha-256';\nALTER ROLE {user} LOGIN PASSWORD '{password}';\n",
-            stdout=subprocess.DEVNULL,
+        self._psql_stdin(
+            f"SET password_encryption = 'scram-sha-256';\nALTER ROLE {user} LOGIN PASSWORD '{password}';\n"
+            + db_roles.login_roles_sql(user, pg_role_passwords())
         )
         if (
             pg_run(
@@ -155,6 +149,26 @@ class Postgres(Proc):
             != "1"
         ):
             pg_run(*psql, f"CREATE DATABASE {db} OWNER {user}")
+        self._psql_stdin(db_roles.superuser_sql(user, db), database=db)
+
+    def _psql_stdin(self, sql: str, database: str = "postgres") -> None:
+        """`sql` run by the superuser (over the socket in the data folder), read from stdin."""
+        pg_run(
+            str(pg_bin() / "psql"),
+            "-h",
+            str(self.data),
+            "-p",
+            str(PG_PORT),
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            "-qtA",
+            "-v",
+            "ON_ERROR_STOP=1",
+            input=sql,
+            stdout=subprocess.DEVNULL,
+        )
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.pid() is not None:

@@ -1,7 +1,8 @@
 """Creates what the services need before they start: Kafka topics, the ACLs of every
 principal (acls.py; when the broker authenticates, so run it as the admin principal), S3
-buckets, the database schema. Idempotent; run by `make up` and by docker-compose's
-bootstrap service.
+buckets, the database schema and the privileges of every component's database role
+(db_roles.py; run it as the owner of the tables). Idempotent; run by `make up` and by
+docker-compose's bootstrap service.
 
     python -m evalstream.common.bootstrap [--groups smollm2-cpu,light]
 """
@@ -13,7 +14,7 @@ import asyncio
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from evalstream.common import acls, db, storage
+from evalstream.common import acls, db, db_roles, storage
 from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.settings import BootstrapSettings
 from evalstream.common.topics_admin import ensure_topic_layout
@@ -38,11 +39,12 @@ async def bootstrap(settings: BootstrapSettings, groups: list[str]) -> None:
         acl_change = f"ACLs created {len(created)}, deleted {len(deleted)}"
     buckets = await asyncio.to_thread(storage.ensure_buckets, settings)
     applied = await db.migrate(settings.database_url)
+    privileges = await db_roles.apply_dsn(settings.database_url)
     print(
         f"bootstrap: topics created {changes.created or 'none'}; partitions raised "
         f"{ {t: f'{a}->{b}' for t, (a, b) in changes.grown.items()} or 'none' }; {acl_change}; "
         f"buckets created {buckets or 'none'}; "
-        f"migrations applied {applied or 'none'}"
+        f"migrations applied {applied or 'none'}; {privileges}"
     )
 
 

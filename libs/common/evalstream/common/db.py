@@ -7,7 +7,7 @@ from importlib import resources
 
 import asyncpg
 
-_MIGRATION_LOCK = 0x65766C73  # "evls"
+MIGRATION_LOCK = 0x65766C73  # "evls": migrations and grants (db_roles) one at a time
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -27,7 +27,7 @@ async def migrate(dsn: str) -> list[str]:
     conn = await asyncpg.connect(dsn)
     applied: list[str] = []
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK)
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
@@ -43,7 +43,7 @@ async def migrate(dsn: str) -> list[str]:
                 )
             applied.append(name)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
         await conn.close()
     return applied
 

@@ -86,16 +86,20 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end }}
 {{- end -}}
 
+{{/* A component's own database role (db_roles.py). (dict "root" $ "component" "producer") */}}
 {{- define "evalstream.databaseEnv" -}}
+{{- $db := .root.Values.database }}
 - name: DATABASE_URL
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.database.secretName }}
-      key: {{ .Values.database.urlKey }}
+      name: {{ required (printf "database.secretNames.%s is required" .component) (get $db.secretNames .component) }}
+      key: {{ $db.urlKey }}
 {{- end -}}
 
+{{/* The store, with a component's own key pair (s3_identities.py). (dict "root" $ "component" "producer") */}}
 {{- define "evalstream.s3Env" -}}
-{{- $s3 := .Values.s3 }}
+{{- $s3 := .root.Values.s3 }}
+{{- $secret := required (printf "s3.secretNames.%s is required" .component) (get $s3.secretNames .component) }}
 - name: S3_ENDPOINT
   value: {{ $s3.endpoint | quote }}
 - name: S3_REGION
@@ -107,12 +111,12 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 - name: S3_ACCESS_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ $s3.secretName }}
+      name: {{ $secret }}
       key: {{ $s3.accessKeyKey }}
 - name: S3_SECRET_KEY
   valueFrom:
     secretKeyRef:
-      name: {{ $s3.secretName }}
+      name: {{ $secret }}
       key: {{ $s3.secretKeyKey }}
 {{- end -}}
 
