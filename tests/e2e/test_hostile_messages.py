@@ -103,12 +103,14 @@ async def test_poison_jobs_and_control_requests_cost_one_dead_letter_or_rejected
     await completes(pg_admin, good)
     for bad in ("x/slash", "a/../R"):
         assert await pg_admin.fetchval("SELECT count(*) FROM runs WHERE run_id = $1", bad) == 0
+        # the fuzz suite may have left other letters that carry the same bytes
         letters = await pg_admin.fetch(
-            "SELECT error FROM dead_letters WHERE original_topic = $1 AND position($2::bytea in payload) > 0",
+            "SELECT error FROM dead_letters WHERE original_topic = $1"
+            " AND position($2::bytea in payload) > 0 AND position('new_run_id' in error) > 0",
             topics.CONTROL,
-            bad.encode(),
+            encode(Regrade(run_id=after.run_id or "", new_run_id=bad, grader="exact")),
         )
-        assert letters and "new_run_id" in letters[0]["error"]
+        assert len(letters) == 1, letters
     assert not list(s3.list_objects(stack.s3_bucket_results, prefix="runs/x/", recursive=True))
     assert not list(s3.list_objects(stack.s3_bucket_results, prefix="runs/a/", recursive=True))
 

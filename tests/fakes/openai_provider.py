@@ -138,13 +138,22 @@ class FakeProvider:
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            self._serve(h)
-        finally:
-            with self._lock:
-                self.in_flight -= 1
+        answered = threading.Event()
 
-    def _serve(self, h: BaseHTTPRequestHandler) -> None:
+        def done() -> None:
+            # counted before the reply is written: a client can send its next request the
+            # moment it reads this one, before this thread would get back here
+            if not answered.is_set():
+                answered.set()
+                with self._lock:
+                    self.in_flight -= 1
+
+        try:
+            self._serve(h, done)
+        finally:
+            done()
+
+    def _serve(self, h: BaseHTTPRequestHandler, done: Callable[[], None]) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length)
         try:
@@ -180,6 +189,7 @@ class FakeProvider:
             payload = self._text_payload(body or {}, reply)
         else:
             payload = self._payload(reply, body or {})
+        done()
         try:
             h.send_response(reply.status)
             h.send_header("Content-Type", "application/json")

@@ -147,7 +147,7 @@ def spy_on_commits(a: Aggregator) -> list[tuple[int, int]]:
     results = a.sink.delta.results
     commit = results.commit
 
-    def spy(appended, merged, meta, transactions):  # type: ignore[no-untyped-def]
+    def spy(appended, merged, meta, transactions):
         sent.append((len(appended), len(merged)))
         return commit(appended, merged, meta, transactions)
 

@@ -53,7 +53,7 @@ class Handler:
 async def deliver(guard: PoisonGuard, records: list[Record], handler: Handler) -> bool:
     """One delivery; whether it succeeded (else the records come again)."""
     try:
-        await guard.run(records, handler)  # type: ignore[arg-type]
+        await guard.run(records, handler)
         return True
     except Exception:
         return False
@@ -107,10 +107,10 @@ async def test_a_counted_failure_is_redelivered_at_once_an_outage_after_the_back
 
     guard = PoisonGuard(broker, "test", limit=5, probes=[healthy])  # type: ignore[arg-type]
     with pytest.raises(service.MessageAtFault):
-        await guard.run([Record(b"poison", 1)], handler)  # type: ignore[list-item]
+        await guard.run([Record(b"poison", 1)], handler)
     never = PoisonGuard(broker, "test", limit=5, probes=[], never_counted=(KeyError,))  # type: ignore[arg-type]
     with pytest.raises(KeyError):
-        await never.run([Record(b"poison", 1)], handler)  # type: ignore[list-item]
+        await never.run([Record(b"poison", 1)], handler)
     assert never.failures == {}
 
 

@@ -162,7 +162,7 @@ async def read_heartbeats(settings: KafkaSettings) -> list[Heartbeat]:
                         except (msgspec.DecodeError, msgspec.ValidationError):
                             pass
                     elif rec.key:
-                        latest.pop(rec.key.decode(), None)
+                        latest.pop(rec.key.decode(errors="replace"), None)  # any bytes may be a key
     finally:
         await consumer.stop()
     return list(latest.values())

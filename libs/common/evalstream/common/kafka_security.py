@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalstream.common.settings import KafkaSettings
+
+if TYPE_CHECKING:  # FastStream is loaded only where a broker is made
+    from faststream.security import BaseSecurity
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
@@ -53,7 +56,7 @@ def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=settings.kafka_ssl_cafile or None)
 
 
-def broker_security(settings: KafkaSettings) -> Any:
+def broker_security(settings: KafkaSettings) -> BaseSecurity | None:
     """`security=` of a FastStream KafkaBroker (None: PLAINTEXT). FastStream is imported
     here: the clients that do not use it (evalctl, bootstrap) never load it."""
     from faststream.security import SASLPlaintext, SASLScram256, SASLScram512
