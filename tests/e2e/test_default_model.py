@@ -1,4 +1,5 @@
-"""The real default model (SmolLM2-135M-Instruct on the CPU) through the whole pipeline."""
+"""The real default model (SmolLM2-135M-Instruct, on the worker's fastest faithful engine:
+`ov:` on a CPU) through the whole pipeline."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from evalstream.common.settings import WorkerSettings
+from evalstream.common.specs import DEFAULT_MODEL, alias_engine, parse_model_spec
+from evalstream.worker.engines import device_kind
 from tests.e2e.helpers import results_jsonl, submit_wait
 from tests.support import sample_path
 
@@ -35,7 +39,14 @@ def test_mixed_set_with_default_model(tmp_path: Path) -> None:
             str(i.get("id", i.get("task_id"))) for i in items
         )
         assert summary["status"] == "completed" and summary["failed"] == 0
-        assert all(r["served_by"] == "default/hf:smollm2-135m-instruct" for r in records)
+        # the job names the bundled model; each answer names the engine the worker chose for its
+        # device (the stack's worker runs on this machine, with the default allow-list)
+        engine = alias_engine(parse_model_spec(DEFAULT_MODEL), WorkerSettings().worker_model, device_kind())
+        assert summary["model"] == DEFAULT_MODEL and engine.startswith(
+            "ov:" if device_kind() == "cpu" else "hf:"
+        )
+        assert all(r["served_by"] == f"default/{engine}" for r in records)
+        assert list(summary["by_served_by"]) == [f"default/{engine}"]
         assert all(r["response"] for r in records), "the model answered every item"
         recomputed = sum(r["score"] for r in records) / len(records)
         assert summary["accuracy"] == pytest.approx(recomputed)

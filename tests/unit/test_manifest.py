@@ -25,6 +25,7 @@ from evalstream.common.datasets import LoadedDataset, load_dataset
 from evalstream.common.graders import DEFAULT_TEMPLATES, grader_problem, graders_for
 from evalstream.common.manifest import build_manifest, hashed_part, manifest_differences, manifest_sha256
 from evalstream.common.messages import GenerationParams, Item, JobSpec, RetryPolicy, Shard
+from evalstream.common.specs import DEFAULT_MODEL
 from evalstream.worker.grading import grader_version as worker_grader_version
 from evalstream.worker.prompting import build_messages
 
@@ -203,7 +204,7 @@ def test_hash_changes_with_a_gold_label_and_with_the_code() -> None:
 def test_manifest_records_everything_the_issue_names() -> None:
     m = reference_manifest()
     assert m["dataset"]["content_sha256"] == load_dataset(jsonl(RECORDS), "x.jsonl").content_sha256
-    assert m["model"] == {"spec": "hf:smollm2-135m-instruct", "sla_fallback": False}
+    assert m["model"] == {"spec": DEFAULT_MODEL, "sla_fallback": False}
     assert m["generation"] == {"max_tokens": 256, "temperature": 0.0, "top_p": 1.0, "seed": 0, "stop": []}
     assert m["seed"] == 0
     assert m["grader"] == {"name": "auto", "version": worker_grader_version("auto")}
@@ -306,7 +307,7 @@ def test_reproduction_refuses_with_the_reasons() -> None:
     assert p.job is None
     assert p.blockers == [
         "the dataset copy s3://x is no longer available (NoSuchKey)",
-        "no live worker group serves model 'hf:smollm2-135m-instruct' (see `evalctl workers`)",
+        f"no live worker group serves model {DEFAULT_MODEL!r} (see `evalctl workers`)",
     ]
     gone = {**m, "grader": {"name": "fuzzy", "version": "fuzzy/1"}}
     assert plan(gone).blockers == [f"grader no longer available: {grader_problem('fuzzy')}"]

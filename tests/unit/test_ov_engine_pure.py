@@ -57,7 +57,9 @@ def test_allow_list_covers_ov_by_default_and_only_when_listed() -> None:
     assert not serves(default, "ov:/models/other")
     assert not serves("hf:smollm2-135m-instruct,null", "ov:smollm2-135m-instruct")
     assert serves("ov:*", "ov:/models/other?precision=fast")
-    assert DEFAULTS["WORKER_MODEL"] == "hf:smollm2-135m-instruct,ov:smollm2-135m-instruct,null,replay:*"
+    assert DEFAULTS["WORKER_MODEL"] == (
+        "smollm2-135m-instruct,hf:smollm2-135m-instruct,ov:smollm2-135m-instruct,null,replay:*"
+    )
 
 
 def test_fp32_pins_every_precision_and_fast_takes_the_devices() -> None:

@@ -47,7 +47,9 @@ def test_defaults_list_every_variable_and_read_back_as_the_defaults() -> None:
     assert set(DEFAULTS) == {f.name.upper() for f in fields(Settings)}
     assert Settings.from_env(DEFAULTS) == Settings()
     assert DEFAULTS["KAFKA_BOOTSTRAP"] == "127.0.0.1:9092"
-    assert DEFAULTS["WORKER_MODEL"] == "hf:smollm2-135m-instruct,ov:smollm2-135m-instruct,null,replay:*"
+    assert DEFAULTS["WORKER_MODEL"] == (
+        "smollm2-135m-instruct,hf:smollm2-135m-instruct,ov:smollm2-135m-instruct,null,replay:*"
+    )
     assert float(DEFAULTS["ROUTER_PARK_AFTER_S"]) == 5 and int(DEFAULTS["BATCH_MAX_ITEMS"]) == 0
 
 

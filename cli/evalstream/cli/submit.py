@@ -224,7 +224,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"model SPEC (default {DEFAULT_MODEL}): hf:<dir|file.gguf|name>, "
+        help=f"model SPEC (default {DEFAULT_MODEL}: the bundled SmolLM2-135M-Instruct on each worker's fastest "
+        "engine that gives the same answers as hf: fp32 (bench/against_lmeval.py measures it) - ov: (OpenVINO) "
+        "on a CPU, several times faster than torch there; hf: (torch) on CUDA - chosen by the worker for its "
+        "device, so the SPEC, manifest and reproductions stay the same on any hardware; each result's "
+        "served_by and model_revision name the engine that answered). Or: hf:<dir|file.gguf|name> (torch), "
         "ov:<dir|file.gguf|name>[?precision=fp32|fast] (OpenVINO continuous batching, CPU), "
         "openai:<model>@<url>, replay:<file.jsonl>, null",
     )

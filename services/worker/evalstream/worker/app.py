@@ -10,6 +10,7 @@ letter of the batch is on the broker.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,17 +26,17 @@ from evalstream.common.settings import WorkerSettings
 from evalstream.common.testhooks import CrashPoints
 from evalstream.common.topics_admin import ensure_topics
 from evalstream.worker.cache import AnswerCache
-from evalstream.worker.engine_registry import Engines
+from evalstream.worker.engine_registry import shared_engines
 from evalstream.worker.heartbeats import Heartbeats
 from evalstream.worker.publishing import OutcomePublisher
 from evalstream.worker.redelivery import Redeliveries
-from evalstream.worker.runner import start_runner
+from evalstream.worker.runner import ModelRunner, start_runner
 from evalstream.worker.state import ModelLoad, WorkerState
 
 settings = WorkerSettings.from_env()
 worker_id = settings.resolved_worker_id
 broker = service.make_broker(settings, f"worker-{settings.worker_group}", graceful_timeout=120.0)
-engines = Engines(settings)
+engines = shared_engines(settings)  # the main model may be loading already (__main__)
 state = WorkerState(model=ModelLoad(engines, settings.worker_model))
 heartbeats = Heartbeats(broker, settings, worker_id, state, engines)
 publisher = OutcomePublisher(broker, worker_id=worker_id, group=settings.worker_group)
@@ -111,12 +112,13 @@ async def handle_shards(records: tuple[service.Record, ...], spans: list[Span]) 
 
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
-    # The weights load in a thread while the rest of startup happens beside it: the work
-    # topic (a worker of a new group creates its own, else it would wait for one nobody
-    # makes; idempotent), the broker connection, the database pool, "starting" heartbeats
-    # (routers already queue shards for this group), and, once this returns, the group join
-    # and the first fetch. Shards wait for the model in on_shards; a model that cannot load
-    # shuts the worker down with an error (state.ModelLoad).
+    # The weights load in a thread (started by __main__ before the service's imports, else
+    # here) while the rest of startup happens beside it: the work topic (a worker of a new
+    # group creates its own, else it would wait for one nobody makes; idempotent), the broker
+    # connection, the database pool, "starting" heartbeats (routers already queue shards for
+    # this group), and, once this returns, the group join and the first fetch; the grading
+    # processes once the model is in. Shards wait for the model in on_shards; a model that
+    # cannot load shuts the worker down with an error (state.ModelLoad).
     state.model.start()
     pool = None
     try:
@@ -130,13 +132,26 @@ async def lifespan() -> AsyncIterator[None]:
         if pool is not None:
             await pool.close()
         raise
-    state.runner = await start_runner(settings, engines, AnswerCache(pool))
+    state.runner = await start_runner(settings, engines, AnswerCache(pool), start_grading=False)
+    grading = asyncio.create_task(start_grading(state.runner))
     try:
         yield
     finally:
+        grading.cancel()
         await pool.close()
         engines.close()
         await state.runner.close_grading()
+
+
+async def start_grading(runner: ModelRunner) -> None:
+    """The grading pool's processes start once the main model has loaded: until then they
+    would take cores its load needs (OpenVINO's compile, torch's read), and no shard runs
+    before it anyway. A batch graded first starts them itself."""
+    try:
+        await state.model.wait()
+    except Exception:  # a model that cannot load shuts the worker down (state.ModelLoad)
+        return
+    await runner.start_grading()
 
 
 app = service.make_app(

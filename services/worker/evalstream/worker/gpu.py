@@ -148,6 +148,11 @@ def _get_nvml() -> _Nvml:
         return _nvml
 
 
+def nvidia_gpu_present() -> bool:
+    """Whether NVML sees a GPU (CUDA may still not be usable: torch has the last word)."""
+    return _get_nvml().handle is not None
+
+
 def sample_device_metrics() -> DeviceMetrics:
     nvml = _get_nvml()
     gpu = nvml.sample() if nvml.handle is not None else {}

