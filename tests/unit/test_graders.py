@@ -293,7 +293,7 @@ class TestRegistry:
         assert grader_version("auto").split() == [
             "auto/1",
             "choice/1",
-            "code/2",
+            "code/3",
             "exact/1",
             "numeric/2",
             "clean/1",

@@ -64,8 +64,10 @@ GRADERS: dict[str, GraderInfo] = {  # by canonical name
     "contains": GraderInfo("1"),
     "json": GraderInfo("1", argument="optional", argument_hint="field.path"),
     # 2: tests apart from the candidate (own builtins, plain return values only)
+    # 3: a pass the candidate cannot forge (a per-run nonce out of its reach), nothing of the
+    #    run outliving it: a cheating answer that passed under 2 fails
     "code": GraderInfo(
-        "2",
+        "3",
         template="Complete the following Python function. Reply with the whole function in one "
         "```python code block.\n\n```python\n{question}```",
         aliases=("code_exec",),
