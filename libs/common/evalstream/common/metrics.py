@@ -34,6 +34,15 @@ STAGE_LATENCY = Histogram(
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
+# The aggregator's results sink, per window (aggregator/sink.py): waiting for the sink lock,
+# then, under it, the database write, the Parquet segments, reading the Delta table's
+# transaction versions, the Delta commit and the completion checks.
+SINK_STAGE = Histogram(
+    "evalstream_sink_stage_seconds",
+    "Time per results-sink window stage (lock_wait, database, delta_versions, parquet, delta_commit, completion)",
+    ["stage"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 DEAD_LETTERED = Counter("evalstream_dead_letters_total", "Messages sent to eval.dlq", ["topic", "reason"])
 SHARDS = Counter("evalstream_shards_total", "Shards handled", ["service", "outcome"])
 RUNS = Counter("evalstream_runs_total", "Runs by outcome (accepted, rejected, completed)", ["outcome"])

@@ -29,6 +29,7 @@ version; so the S3 store needs no lock service: `AWS_S3_ALLOW_UNSAFE_RENAME` tel
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -47,6 +48,9 @@ TABLE_PATH = "tables/item_results"
 RUN_COLUMNS = ("model", "manifest_sha256", "dataset_sha256")
 SCHEMA = pa.schema([*RESULT_SCHEMA, *((c, pa.string()) for c in RUN_COLUMNS)])
 PARTITION_BY = ["run_id"]
+# Where a commit's commit info names the transaction versions it carries (TransactionVersions)
+TXNS_KEY = "evalstream_txns"
+NO_TRANSACTIONS = frozenset({"OPTIMIZE"})  # operations that never carry a transaction (compact)
 # Transaction identifiers of long-finished shards expire from the table's state after this
 # (a redelivery arrives within minutes, not weeks).
 TABLE_CONFIG: dict[str, str | None] = {"delta.setTransactionRetentionDuration": "interval 30 days"}
@@ -82,6 +86,59 @@ def to_arrow(rows: Sequence[Row], meta: Mapping[str, RunMeta]) -> pa.Table:
     return pa.table(columns, schema=SCHEMA)
 
 
+class TransactionVersions:
+    """The transaction versions the table holds, kept between windows and brought up to date
+    from the commits made since (`held`).
+
+    Asking the table (`DeltaTable.transaction_version`) replays its log for each identifier:
+    tens of milliseconds each, several per window, all under the sink lock. Every commit this
+    sink makes names its transactions in its commit info as well (TXNS_KEY, written atomically
+    with them), so the commits since the last look, read from the table's history (a few small
+    files), tell what changed; a compaction carries none. A commit of anything else (another
+    writer, an unknown operation), a gap in the history or a table older than the last look
+    sends every identifier back to the table. Nothing is assumed of who owns which partition:
+    a writer that lost its partition and still committed is seen like any other commit."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, int | None] = {}
+        self.as_of: int | None = None  # the table version `known` holds for
+
+    def held(self, table: DeltaTable, app_ids: Sequence[str]) -> dict[str, int | None]:
+        version = table.version()
+        if self.as_of is not None and (version < self.as_of or not self._catch_up(table, version)):
+            self.known.clear()
+        for a in app_ids:
+            if a not in self.known:
+                self.known[a] = table.transaction_version(a)
+        self.as_of = version
+        return {a: self.known[a] for a in app_ids}
+
+    def _catch_up(self, table: DeltaTable, version: int) -> bool:
+        """Applies the commits after `as_of` up to `version`; False where one cannot be read."""
+        assert self.as_of is not None
+        if version == self.as_of:
+            return True
+        commits = table.history(limit=version - self.as_of)
+        if sorted(c.get("version", -1) for c in commits) != list(range(self.as_of + 1, version + 1)):
+            return False
+        for commit in sorted(commits, key=lambda c: c["version"]):
+            if TXNS_KEY in commit:
+                try:
+                    txns = json.loads(commit[TXNS_KEY])
+                except (TypeError, ValueError):
+                    return False
+                if not isinstance(txns, dict):
+                    return False
+                for a, v in txns.items():
+                    if not isinstance(v, int):
+                        return False
+                    if a in self.known:
+                        self.known[a] = v
+            elif commit.get("operation") not in NO_TRANSACTIONS:
+                return False
+        return True
+
+
 class DeltaResults:
     """The table, opened once and brought up to date before each write (blocking: call it
     from a thread)."""
@@ -90,6 +147,7 @@ class DeltaResults:
         self.uri = uri
         self.options = options
         self._table: DeltaTable | None = None
+        self.versions = TransactionVersions()
 
     def table(self, *, refresh: bool = True) -> DeltaTable | None:
         """The table at its latest version (`refresh`), or as last read: the sink reads it
@@ -104,9 +162,12 @@ class DeltaResults:
         return self._table
 
     def held(self, app_ids: Sequence[str]) -> dict[str, int | None]:
-        """The version the table holds of each transaction identifier (None: never seen)."""
+        """The version the table holds of each transaction identifier (None: never seen), as
+        of its latest version."""
         table = self.table()
-        return {a: table.transaction_version(a) if table is not None else None for a in app_ids}
+        if table is None:
+            return dict.fromkeys(app_ids)
+        return self.versions.held(table, app_ids)
 
     def commit(
         self,
@@ -121,7 +182,10 @@ class DeltaResults:
             return False
         commit = CommitProperties(
             app_transactions=[Transaction(a, v) for a, v in sorted(transactions.items())],
-            custom_metadata={"writer": "evalstream-aggregator"},
+            custom_metadata={
+                "writer": "evalstream-aggregator",
+                TXNS_KEY: json.dumps(dict(sorted(transactions.items()))),
+            },
         )
         table = self.table(refresh=False)  # read by held() in this window, under the same lock
         if not merged or table is None:

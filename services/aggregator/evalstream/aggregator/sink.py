@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ from evalstream.aggregator.store import (
     storable,
 )
 from evalstream.common.messages import ItemResult
+from evalstream.common.metrics import SINK_STAGE
 from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.testhooks import CrashPoints
 
@@ -116,6 +118,23 @@ class SinkLock:
         self._conn = None
 
 
+class timed(contextlib.AbstractContextManager[None]):
+    """Observes the time until `close()` (or the `with` block's end) in SINK_STAGE."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.started = time.perf_counter()
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            SINK_STAGE.labels(stage=self.stage).observe(time.perf_counter() - self.started)
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def result_row(result: ItemResult) -> dict[str, Any]:
     """A result as its database row holds it (NUL replaced, as store.write stores it)."""
     return {c: storable(getattr(result, c)) for c in RESULT_COLUMNS}
@@ -161,9 +180,12 @@ class ResultSink:
         added (rows, not deliveries) for the metrics."""
         runs = sorted({r.result.run_id for r in window.results})
         finished: list[tuple[str, bool, dict[str, Any]]] = []
+        waiting = timed("lock_wait")
         async with self.lock.held(), self.pool.acquire() as conn:
-            async with conn.transaction():
-                written = await self.store.write(conn, window.results, window.dead_letters)
+            waiting.close()
+            with timed("database"):
+                async with conn.transaction():
+                    written = await self.store.write(conn, window.results, window.dead_letters)
             # Counted at once: the rows are durable, and a window redone after its mirror
             # failed (S3 away) writes no row again, so it would count nothing then.
             recorded = written_results([r.result for r in window.results], written)
@@ -171,10 +193,11 @@ class ResultSink:
             self.crash_points.reach("aggregator_exit_after_write")
             await self.mirror(conn, window, written)
             self.crash_points.reach("aggregator_exit_after_delta")
-            for run_id in runs:
-                done = await self.completion.complete_if_done(run_id)
-                if done is not None:
-                    finished.append((run_id, *done))
+            with timed("completion"):
+                for run_id in runs:
+                    done = await self.completion.complete_if_done(run_id)
+                    if done is not None:
+                        finished.append((run_id, *done))
         for run_id, first, summary in finished:
             await self.completion.finish(run_id, first, summary)
             if first:  # the table has one writer at a time: compaction takes the lock too
@@ -195,8 +218,10 @@ class ResultSink:
                 rows = await self.store.segment_rows(self.pool, run_id, first, end)
                 await asyncio.to_thread(objects.write_segment, self.s3, self.bucket, run_id, segment, rows)
 
-        await asyncio.gather(*(rewrite(run_id, k) for run_id, k in by_segment))
-        await self.delta.commit(effects.appended, effects.merged, effects.transactions)
+        with timed("parquet"):
+            await asyncio.gather(*(rewrite(run_id, k) for run_id, k in by_segment))
+        with timed("delta_commit"):
+            await self.delta.commit(effects.appended, effects.merged, effects.transactions)
 
     async def effects(
         self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]
@@ -204,7 +229,8 @@ class ResultSink:
         out = Effects()
         coords = {r.source: coordinates(r.source) for r in window.results}
         partitions = sorted({(t, p) for t, p, _ in coords.values()})
-        held = await self.delta.held([app_id(t, p) for t, p in partitions])
+        with timed("delta_versions"):
+            held = await self.delta.held([app_id(t, p) for t, p in partitions])
 
         def pending(source: str) -> bool:
             topic, partition, offset = coords[source]
