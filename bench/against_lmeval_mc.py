@@ -40,8 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, inprocess, interference, paths, pure, recording
 from bench.against_lmeval import LMEVAL_VERSION, VENV, ensure_lmeval_venv
+from bench.harness import benchstack, inprocess, interference, paths, pure, recording
 
 NAME = "against_lmeval_mc"
 HERE = paths.BENCH / "lmeval_mc"

@@ -19,7 +19,7 @@ Retry-After, retry-after-ms and x-ratelimit-* headers. Every arm starts on full 
   (created as against_lmeval.py does, plus lm-eval's `[api]` extra), a process timed from
   start to exit. `max_retries` is raised from its default 3 to 10, so that no arm dies of
   429s (generous to lm-eval). Its `num_concurrent` is swept (1–8, 16, 32) on a
-  smaller set, in one lm-eval process (bench/lmeval_api_sweep.py: start-up paid once, each
+  smaller set, in one lm-eval process (bench/lmeval/api_sweep.py: start-up paid once, each
   value timed around its `simple_evaluate`); the fastest is lm-eval's best.
 
 Then each repeat runs both on fresh questions (same ones for both), alternating which goes
@@ -46,8 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, inprocess, paths, pure, recording
 from bench.against_lmeval import LMEVAL_VERSION, VENV, ensure_lmeval_venv
+from bench.harness import benchstack, data, inprocess, paths, pure, recording
 
 NAME = "api_limit"
 MODEL = "fake-model"
@@ -208,11 +208,11 @@ def write_task(folder: Path, dataset: Path) -> Path:
 def lmeval_sweep(
     provider: Provider, task_dir: Path, items: int, sweep: list[int], burst: float
 ) -> list[dict[str, Any]]:
-    """Every `num_concurrent` value in one lm-eval process (bench/lmeval_api_sweep.py), each
+    """Every `num_concurrent` value in one lm-eval process (bench/lmeval/api_sweep.py), each
     timed around its `simple_evaluate`: start-up is paid once, outside the comparison."""
     cmd = [
         str(VENV / "bin" / "python"),
-        str(paths.BENCH / "lmeval_api_sweep.py"),
+        str(paths.BENCH / "lmeval" / "api_sweep.py"),
         "--task-dir",
         str(task_dir),
         "--task",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -44,17 +43,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.paths import pip_install
-from bench.pure import goal_row, replace_between
-from bench.recording import arg_parser, log, write_result
+from bench.harness.pure import goal_row, replace_between
+from bench.harness.recording import arg_parser, log, write_result
+from bench.harness.venvs import ensure_cleanlab_venv
 from evalstream.cli.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
 from evalstream.common.messages import Item
 from evalstream.worker.grading import get_grader
 
 NAME = "label_audit"
 BENCH = Path(__file__).resolve().parent
-CLEANLAB_VENV = BENCH / ".venv-cleanlab"
-CLEANLAB_VERSION = "2.9.0"
 CLEANLAB_RUNNER = BENCH / "label_audit_cleanlab.py"
 README = BENCH.parent / "README.md"
 README_START, README_END = "<!-- label-audit:start -->", "<!-- label-audit:end -->"
@@ -366,27 +363,6 @@ def cleanlab_input(items: list[Item], runs: dict[str, dict[str, dict[str, Any]]]
 def _gold_index(item: Item, said: list[dict[str, Any]], letters: str) -> int:
     """The gold letter when no model got it (the generator's golds are letters)."""
     return letters.index((item.answer or "A").strip().upper())
-
-
-def ensure_cleanlab_venv() -> tuple[Path | None, dict[str, Any]]:
-    """(the python of bench/.venv-cleanlab, what happened); created on first use."""
-    py = CLEANLAB_VENV / "bin" / "python"
-    if (
-        py.exists()
-        and subprocess.run([str(py), "-c", "import cleanlab"], capture_output=True).returncode == 0
-    ):
-        return py, {"created": False, "path": str(CLEANLAB_VENV)}
-    log(f"creating {CLEANLAB_VENV} with cleanlab {CLEANLAB_VERSION}")
-    shutil.rmtree(CLEANLAB_VENV, ignore_errors=True)
-    t0 = time.monotonic()
-    try:
-        # a plain venv of the interpreter the project's venv was made from
-        base = Path(sys.base_prefix) / "bin" / "python3"
-        subprocess.run([str(base), "-m", "venv", str(CLEANLAB_VENV)], check=True, capture_output=True)
-        pip_install(py, f"cleanlab=={CLEANLAB_VERSION}", capture_output=True, timeout=900)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        return None, {"created": False, "error": f"cleanlab did not install: {exc}"}
-    return py, {"created": True, "path": str(CLEANLAB_VENV), "install_s": round(time.monotonic() - t0, 1)}
 
 
 def run_cleanlab(py: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:

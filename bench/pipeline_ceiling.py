@@ -11,7 +11,7 @@ the workers, no engine): request -> every result in PostgreSQL.
 
 Goals: ≥ 10,000 items/s at 150k and ≥ 5,000 at 15k; memory flat in the number of items (each
 service's peak at 150k ≤ 1.25 × its peak at 15k); regrade of 150k ≥ 10,000 items/s. Below the throughput goal, a third run of the
-smaller size goes through with every service under bench/sampler.py (stack samples of
+smaller size goes through with every service under bench/harness/sampler.py (stack samples of
 every busy thread) and the top functions per service are reported. A run still going
 after 240 s (BENCH_CEILING_DEADLINE_S) is reported as unfinished with its rate so far, and
 the bench stack is reset (its data deleted) so that the next benchmark starts clean.
@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
+from bench.harness import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
 from evalstream.producer.intake import auto_shard_size
 
 NAME = "pipeline_ceiling"
@@ -299,7 +299,7 @@ def measure_regrade(run_id: str, items: int, deadline_s: float) -> dict[str, Any
 
 
 def profile_services(n: int, shard_args: list[str], deadline: float) -> dict[str, Any]:
-    """A run of `n` items with every service under bench/sampler.py: top functions by CPU."""
+    """A run of `n` items with every service under bench/harness/sampler.py: top functions by CPU."""
     recording.log("under the throughput goal: profiling every service (sampled) on the smaller size")
     pdir = paths.RESULTS / f"{NAME}.profile"
     pdir.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Services started as stack.py would start them, but under a sampler (bench/sampler.py)."""
+"""Services started as stack.py would start them, but under a sampler (bench/harness/sampler.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.benchstack import client_env, metrics, service_port, stack, stack_dir, wait_http
-from bench.paths import BENCH, PY, ROOT
-from bench.procstat import CLK_TCK
-from bench.pure import metric_sum
-from bench.recording import log
+from bench.harness.benchstack import client_env, metrics, service_port, stack, stack_dir, wait_http
+from bench.harness.paths import BENCH, PY, ROOT
+from bench.harness.procstat import CLK_TCK
+from bench.harness.pure import metric_sum
+from bench.harness.recording import log
 
 
 def service_env(name: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -54,11 +54,15 @@ def spawn(name: str, argv: Sequence[str], extra_env: Mapping[str, str] | None = 
 
 
 def start_sampled(name: str, out_prefix: Path, extra_env: Mapping[str, str] | None = None) -> None:
-    """(Re)starts a stack service under bench/sampler.py (CPU-weighted stack samples of
+    """(Re)starts a stack service under bench/harness/sampler.py (CPU-weighted stack samples of
     every thread), with the pid file and log where stack.py keeps them."""
     stack("stop", name)
     module = f"evalstream.{name.split('-')[0]}"
-    spawn(name, [str(PY), str(BENCH / "sampler.py"), "--out", str(out_prefix), "-m", module], extra_env)
+    spawn(
+        name,
+        [str(PY), str(BENCH / "harness" / "sampler.py"), "--out", str(out_prefix), "-m", module],
+        extra_env,
+    )
     wait_http(f"http://127.0.0.1:{service_port(name)}/healthz", 180)
 
 

@@ -14,8 +14,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
-from bench.pure import MetricKey, parse_prometheus
+from bench.harness.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
+from bench.harness.pure import MetricKey, parse_prometheus
 from evalstream.common.settings import SERVICE_PORTS
 
 
