@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.against_lmeval import LMEVAL_VERSION, VENV, ensure_lmeval_venv
 from bench.harness import benchstack, inprocess, interference, paths, pure, recording
+from bench.harness.venvs import LMEVAL_VERSION, VENV, ensure_lmeval_venv
 
 NAME = "against_lmeval_mc"
 HERE = paths.BENCH / "lmeval_mc"
@@ -242,10 +241,6 @@ def compare(ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def med(values: list[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
-
-
 def scoring_available() -> str | None:
     """Why the pipeline cannot score log-likelihoods yet, or None."""
     from evalstream.common.graders import GRADERS
@@ -329,7 +324,7 @@ def main() -> None:
         s: max(max(x["compare"][s]["acc_points"] or 0, x["compare"][s]["acc_norm_points"] or 0) for x in reps)
         for s in SPECS
     }
-    speed = {s: med([x["speedup"][s] for x in reps]) for s in SPECS}
+    speed = {s: pure.med([x["speedup"][s] for x in reps]) for s in SPECS}
     loads = [x[a]["loadavg_1m"] for x in reps for a in arms]
     note = (
         f"{len(items)} documents of BIG-bench date_understanding (lm-eval's bigbench YAML), lm-eval "
@@ -375,8 +370,8 @@ def main() -> None:
             "best_batch_size": best,
             "repeats": reps,
             "medians": {
-                "lmeval_s": med([x["lmeval"]["seconds"] for x in reps]),
-                **{f"{s.split(':')[0]}_s": med([x[s]["seconds"] for x in reps]) for s in SPECS},
+                "lmeval_s": pure.med([x["lmeval"]["seconds"] for x in reps]),
+                **{f"{s.split(':')[0]}_s": pure.med([x[s]["seconds"] for x in reps]) for s in SPECS},
                 **{f"speedup_{s.split(':')[0]}": speed[s] for s in SPECS},
             },
             "goals": goals,

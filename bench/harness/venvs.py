@@ -119,3 +119,13 @@ def ensure_cleanlab_venv() -> tuple[Path | None, dict[str, Any]]:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         return None, {"created": False, "error": f"cleanlab did not install: {exc}"}
     return py, {"created": True, "path": str(CLEANLAB_VENV), "install_s": round(time.monotonic() - t0, 1)}
+
+
+def ensure_api_extra() -> None:
+    """lm-eval's `[api]` extra (aiohttp, tenacity, requests, tqdm) in bench/.venv-lmeval."""
+    py = VENV / "bin" / "python"
+    check = [str(py), "-c", "import aiohttp, tenacity, requests, tqdm"]
+    if subprocess.run(check, capture_output=True).returncode == 0:
+        return
+    log(f"adding lm-eval[api]=={LMEVAL_VERSION} to {VENV}")
+    pip_install(py, f"lm-eval[api]=={LMEVAL_VERSION}")
