@@ -128,6 +128,31 @@ class LmEval:
         self.stderr.close()
 
 
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_cli(
+    argv: list[str], *, cwd: Path, log_name: str, out_dir: Path, task: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """lm-eval's CLI (`argv`, writing its samples under `out_dir`) offline from start to exit,
+    its output in the bench stack's logs/`log_name`: the samples of `task`, one per document,
+    and the timing (seconds, the load average at the start, the cores other programs kept
+    busy). `out_dir` is removed."""
+    env = {**os.environ, **OFFLINE_ENV}
+    other = interference.Interference()
+    load = os.getloadavg()[0]
+    with (benchstack.stack_dir() / "logs" / log_name).open("a") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, cwd=cwd, env=env, stdout=log, stderr=log)
+        seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"lm_eval exited with {proc.returncode}; see {log.name}")
+    path = next(out_dir.rglob(f"samples_{task}_*.jsonl"))
+    samples = [json.loads(line) for line in path.read_text().splitlines()]
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return samples, {"seconds": seconds, "loadavg_1m": load, "other_load_cores": other.cores()}
+
+
 def lmeval_cli(backend: Backend, batch_size: int, max_tokens: int, limit: int | None) -> dict[str, Any]:
     """`lm_eval` as a user runs it, from start to exit; answers read from its samples file."""
     out_dir = Path(tempfile.mkdtemp(prefix="lmeval-cli-", dir=benchstack.stack_dir()))
@@ -156,29 +181,19 @@ def lmeval_cli(backend: Backend, batch_size: int, max_tokens: int, limit: int | 
         "0",
         *(["--limit", str(limit)] if limit else []),
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    other = interference.Interference()
-    load = os.getloadavg()[0]
-    with (benchstack.stack_dir() / "logs" / "bench-lmeval-cli.log").open("a") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.run(argv, cwd=TASK_DIR, env=env, stdout=log, stderr=log)
-        seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"lm_eval exited with {proc.returncode}; see {log.name}")
-    samples = next(out_dir.rglob("samples_evalstream_short_qa_*.jsonl"))
-    responses = {}
-    for line in samples.read_text().splitlines():
-        s = json.loads(line)
-        responses[str(s["doc"]["id"])] = s["filtered_resps"][0]
-    shutil.rmtree(out_dir, ignore_errors=True)
+    samples, timing = run_cli(
+        argv, cwd=TASK_DIR, log_name="bench-lmeval-cli.log", out_dir=out_dir, task="evalstream_short_qa"
+    )
+    responses = {str(s["doc"]["id"]): s["filtered_resps"][0] for s in samples}
+    seconds = timing["seconds"]
     return {
         "backend": backend.name,
         "batch_size": batch_size,
         "items": len(responses),
         "seconds": round(seconds, 3),
         "items_per_s": round(len(responses) / seconds, 3),
-        "loadavg_1m": round(load, 2),
-        "other_load_cores": other.cores(),
+        "loadavg_1m": round(timing["loadavg_1m"], 2),
+        "other_load_cores": timing["other_load_cores"],
         "responses": responses,
     }
 
