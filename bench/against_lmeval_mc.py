@@ -29,8 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, inprocess, interference, paths, pure, recording
-from bench.against_lmeval import LMEVAL_VERSION, VENV, ensure_lmeval_venv
+from bench.harness import benchstack, inprocess, interference, lmeval, paths, pure, recording
+from bench.harness.venvs import LMEVAL_VERSION, VENV, ensure_lmeval_venv
 
 NAME = "against_lmeval_mc"
 HERE = paths.BENCH / "lmeval_mc"
@@ -117,19 +115,11 @@ def lmeval_cli(model_dir: Path, batch_size: int, limit: int | None, items: dict[
         "0",
         *(["--limit", str(limit)] if limit else []),
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    other = interference.Interference()
-    load = os.getloadavg()[0]
-    with (benchstack.stack_dir() / "logs" / "bench-lmeval-mc.log").open("a") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.run(argv, cwd=TASK_DIR, env=env, stdout=log, stderr=log)
-        seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"lm_eval exited with {proc.returncode}; see {log.name}")
-    samples = next(out_dir.rglob(f"samples_{TASK}_*.jsonl"))
+    samples, timing = lmeval.run_cli(
+        argv, cwd=TASK_DIR, log_name="bench-lmeval-mc.log", out_dir=out_dir, task=TASK
+    )
     docs: dict[str, dict[str, Any]] = {}
-    for line in samples.read_text().splitlines():
-        s = json.loads(line)
+    for s in samples:
         item = items[str(s["doc_id"])]
         lls = [float(r[0]) for r in s["filtered_resps"]]
         gold = int(s["target"])
@@ -137,12 +127,12 @@ def lmeval_cli(model_dir: Path, batch_size: int, limit: int | None, items: dict[
             f"doc {s['doc_id']}: lm-eval's gold {gold}, the reader's {item.answer}"
         )
         docs[str(s["doc_id"])] = {"lls": lls, **scored(lls, item.choices, gold)}
-    shutil.rmtree(out_dir, ignore_errors=True)
+    seconds = timing["seconds"]
     return {
         "batch_size": batch_size,
         "seconds": round(seconds, 3),
-        "loadavg_1m": round(load, 2),
-        "other_load_cores": other.cores(),
+        "loadavg_1m": round(timing["loadavg_1m"], 2),
+        "other_load_cores": timing["other_load_cores"],
         **summarise(docs),
         "docs_detail": docs,
     }
@@ -242,10 +232,6 @@ def compare(ref: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def med(values: list[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
-
-
 def scoring_available() -> str | None:
     """Why the pipeline cannot score log-likelihoods yet, or None."""
     from evalstream.common.graders import GRADERS
@@ -329,7 +315,7 @@ def main() -> None:
         s: max(max(x["compare"][s]["acc_points"] or 0, x["compare"][s]["acc_norm_points"] or 0) for x in reps)
         for s in SPECS
     }
-    speed = {s: med([x["speedup"][s] for x in reps]) for s in SPECS}
+    speed = {s: pure.med([x["speedup"][s] for x in reps]) for s in SPECS}
     loads = [x[a]["loadavg_1m"] for x in reps for a in arms]
     note = (
         f"{len(items)} documents of BIG-bench date_understanding (lm-eval's bigbench YAML), lm-eval "
@@ -375,8 +361,8 @@ def main() -> None:
             "best_batch_size": best,
             "repeats": reps,
             "medians": {
-                "lmeval_s": med([x["lmeval"]["seconds"] for x in reps]),
-                **{f"{s.split(':')[0]}_s": med([x[s]["seconds"] for x in reps]) for s in SPECS},
+                "lmeval_s": pure.med([x["lmeval"]["seconds"] for x in reps]),
+                **{f"{s.split(':')[0]}_s": pure.med([x[s]["seconds"] for x in reps]) for s in SPECS},
                 **{f"speedup_{s.split(':')[0]}": speed[s] for s in SPECS},
             },
             "goals": goals,

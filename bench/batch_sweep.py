@@ -2,7 +2,7 @@
 engine's scheduler defaults (OV_MAX_BATCHED_TOKENS).
 
 In-process, no stack: the engine as a worker loads it, the benchmark's 128 arithmetic
-questions (bench/data.arithmetic_rows, the against_lmeval set) rendered as the worker
+questions (bench/harness/data.arithmetic_rows, the against_lmeval set) rendered as the worker
 renders them, cut by the worker's own plan (worker/batching.plan_batches) under each token
 budget. Swept:
 
@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import data, inprocess, recording
+from bench.harness import data, inprocess, recording
 
 NAME = "batch_sweep"
 HF_BUDGETS = (2048, 4096, 8192, 16384, 32768)

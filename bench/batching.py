@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, inprocess, profiled, pure, recording
+from bench.harness import benchstack, inprocess, profiled, pure, recording
 
 NAME = "batching"
 FIXED = (1, 8, 32)

@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, inprocess, paths, pipeline_runs, profiled, pure, recording
+from bench.harness import benchstack, data, inprocess, paths, pipeline_runs, profiled, pure, recording
 
 NAME = "cache"
 GOAL = 20.0

@@ -20,7 +20,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, inprocess, interference, paths, pipeline_runs, profiled, pure, recording
+from bench.harness import (
+    benchstack,
+    data,
+    inprocess,
+    interference,
+    paths,
+    pipeline_runs,
+    profiled,
+    pure,
+    recording,
+)
 
 NAME = "engine_efficiency"
 GOAL = 0.90

@@ -33,8 +33,6 @@ majority vote are scored on the same items beside it.
 from __future__ import annotations
 
 import json
-import random
-import shutil
 import subprocess
 import sys
 import time
@@ -44,169 +42,40 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.paths import pip_install
-from bench.pure import goal_row, replace_between
-from bench.recording import arg_parser, log, write_result
+from bench.harness.pure import goal_row, replace_between
+from bench.harness.recording import arg_parser, log, write_result
+from bench.harness.venvs import ensure_cleanlab_venv
+from bench.label_audit_report import (
+    README_END,
+    README_START,
+    TARGET_PRECISION,
+    TARGET_RECALL,
+    average_precision,
+    best_recall_at,
+    choice_markdown,
+    f1,
+    fmt_metrics,
+    markdown,
+    meets_goal,
+    readme_body,
+    recall_precision,
+)
+from bench.label_audit_sets import generate
 from evalstream.cli.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
 from evalstream.common.messages import Item
-from evalstream.worker.grading import get_grader
 
 NAME = "label_audit"
 BENCH = Path(__file__).resolve().parent
-CLEANLAB_VENV = BENCH / ".venv-cleanlab"
-CLEANLAB_VERSION = "2.9.0"
 CLEANLAB_RUNNER = BENCH / "label_audit_cleanlab.py"
 README = BENCH.parent / "README.md"
-README_START, README_END = "<!-- label-audit:start -->", "<!-- label-audit:end -->"
 ERROR_RATES = (0.02, 0.05, 0.10, 0.15)
 MODEL_COUNTS = (2, 3, 4, 5)
 ACCURACIES = (0.55, 0.70, 0.85, 0.95)
 SPREAD = 0.05
 ITEMS = 2000
-TARGET_RECALL, TARGET_PRECISION = 0.95, 0.85
-NUMERIC_SLIPS = (1, -1, 10, -10, 2, -2, 9, 11, 100, -100)
-UNREADABLE_SHARE = 0.02
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-def _zipf_pick(rng: random.Random, options: Sequence[str]) -> str:
-    return rng.choices(options, weights=[1 / (r + 1) for r in range(len(options))])[0]
-
-
-def generate(
-    n: int, error_rate: float, accuracies: Sequence[float], seed: int, graded: bool = True
-) -> tuple[list[Item], dict[str, dict[str, dict[str, Any]]], set[str]]:
-    """(items, model -> what a run records per item, the ids of the planted errors).
-    graded=False skips rendering each response in a style and grading it (the oracle's large
-    sets): the recorded answer is the one the model meant."""
-    rng = random.Random(seed)
-    items: list[Item] = []
-    truths: list[str] = []
-    plausible: list[list[str]] = []
-    planted: set[str] = set()
-    for i in range(n):
-        item_id = f"q{i:05d}"
-        style = i % 3
-        if style == 0:
-            a, b = rng.randint(100, 4999), rng.randint(100, 4999)
-            truth = str(a + b)
-            wrong = [str(a + b + d) for d in rng.sample(NUMERIC_SLIPS, 6)]
-            question, choices = f"What is {a} + {b}?", None
-        elif style == 1:
-            truth = rng.choice("ABCD")
-            wrong = [x for x in "ABCD" if x != truth]
-            rng.shuffle(wrong)
-            question, choices = f"Question {i}: which one?", [f"option {i}-{k}" for k in range(4)]
-        else:
-            truth = f"word{i}"
-            wrong = [f"word{i}{suffix}" for suffix in rng.sample(["s", "ed", "ing", "er", "ly", "x"], 5)]
-            question, choices = f"Name the thing number {i}.", None
-        gold = truth
-        if rng.random() < error_rate:
-            gold = rng.choice(wrong)
-            planted.add(item_id)
-        items.append(Item(id=item_id, question=question, answer=gold, choices=choices))
-        truths.append(truth)
-        plausible.append(wrong)
-
-    runs: dict[str, dict[str, dict[str, Any]]] = {}
-    for j, accuracy in enumerate(accuracies):
-        model = f"model-{j + 1}"
-        recorded: dict[str, dict[str, Any]] = {}
-        for item, truth, wrong in zip(items, truths, plausible, strict=True):
-            said = truth if rng.random() < accuracy else _wrong_answer(rng, item, wrong)
-            if graded:
-                grade = get_grader("auto", item)(_render(rng, item, said), item)
-                recorded[item.id] = {"extracted": grade.extracted, "correct": grade.correct, "error": None}
-            else:  # what the graders extract from every style, without rendering and parsing it
-                recorded[item.id] = {"extracted": said, "correct": said == item.answer, "error": None}
-        runs[model] = recorded
-    return items, runs, planted
-
-
-def _wrong_answer(rng: random.Random, item: Item, wrong: list[str]) -> str | None:
-    if rng.random() < UNREADABLE_SHARE:
-        return None
-    if item.choices:  # an attractive distractor half the time
-        return wrong[0] if rng.random() < 0.5 else rng.choice(wrong[1:])
-    if rng.random() < 0.7:
-        return _zipf_pick(rng, wrong)
-    if item.question and item.question.startswith("What is"):
-        return str(int(wrong[0]) + rng.randint(-900, 900) * 7 + 3)
-    return f"guess{rng.randrange(10**9)}"
-
-
-def _render(rng: random.Random, item: Item, said: str | None) -> str:
-    if said is None:
-        return rng.choice(["I am not sure.", "", "It depends on the context"])
-    if item.choices:
-        text = item.choices[ord(said) - ord("A")]
-        return rng.choice([said, f"The answer is {said}.", f"({said}) {text}", f"{said}) {text}"])
-    if item.question and item.question.startswith("What is"):
-        return rng.choice(
-            [said, f"The answer is {said}.", f"Adding them up.\n#### {said}", f"\\boxed{{{said}}}"]
-        )
-    return rng.choice([said, f"The answer is {said}.", f"**{said}**"])
 
 
 # ----------------------------------------------------------------------------- measuring
-
-
-def average_precision(scores: dict[str, float], positives: set[str]) -> float:
-    """Mean of the precision at each planted error's rank; items tied on a score share their
-    block's precision (no tie-breaking in either method's favour)."""
-    if not positives:
-        return 0.0
-    by_score: dict[float, list[str]] = {}
-    for item_id, s in scores.items():
-        by_score.setdefault(s, []).append(item_id)
-    seen = hits = 0
-    total = 0.0
-    for s in sorted(by_score, reverse=True):
-        block = by_score[s]
-        block_hits = sum(i in positives for i in block)
-        # expected precision over the positives of a tied block, taken in random order
-        for k in range(1, block_hits + 1):
-            rank = seen + k * (len(block) + 1) / (block_hits + 1)
-            total += (hits + k) / rank
-        seen += len(block)
-        hits += block_hits
-    return total / len(positives)
-
-
-def best_recall_at(scores: dict[str, float], positives: set[str], precision: float) -> float:
-    """The highest recall of any cut of the ranking (between distinct scores) with at least
-    `precision`."""
-    ranked = sorted(scores.items(), key=lambda kv: -kv[1])
-    best, hits = 0.0, 0
-    for k, (item_id, s) in enumerate(ranked, 1):
-        hits += item_id in positives
-        if (k == len(ranked) or ranked[k][1] != s) and hits / k >= precision:
-            best = max(best, hits / len(positives))
-    return best
-
-
-def recall_precision(found: set[str], positives: set[str]) -> tuple[float, float | None]:
-    """Precision is None when nothing is flagged."""
-    hits = len(found & positives)
-    return (hits / len(positives) if positives else 0.0), (hits / len(found) if found else None)
-
-
-def f1(recall: float, precision: float | None) -> float:
-    return 2 * recall * precision / (recall + precision) if precision and recall + precision else 0.0
-
-
-def _fmt(m: dict[str, Any] | None) -> str:
-    if m is None:
-        return "–"
-    precision = "–" if m["precision"] is None else f"{m['precision']:.2f}"
-    return f"{m['recall']:.2f} / {precision} / {m['ap']:.2f}"
-
-
-def _meets(m: dict[str, Any]) -> bool:
-    return bool(m["recall"] >= TARGET_RECALL and (m["precision"] or 0) >= TARGET_PRECISION)
 
 
 def _goal_applies(models: int, accuracies: Sequence[float]) -> bool:
@@ -368,27 +237,6 @@ def _gold_index(item: Item, said: list[dict[str, Any]], letters: str) -> int:
     return letters.index((item.answer or "A").strip().upper())
 
 
-def ensure_cleanlab_venv() -> tuple[Path | None, dict[str, Any]]:
-    """(the python of bench/.venv-cleanlab, what happened); created on first use."""
-    py = CLEANLAB_VENV / "bin" / "python"
-    if (
-        py.exists()
-        and subprocess.run([str(py), "-c", "import cleanlab"], capture_output=True).returncode == 0
-    ):
-        return py, {"created": False, "path": str(CLEANLAB_VENV)}
-    log(f"creating {CLEANLAB_VENV} with cleanlab {CLEANLAB_VERSION}")
-    shutil.rmtree(CLEANLAB_VENV, ignore_errors=True)
-    t0 = time.monotonic()
-    try:
-        # a plain venv of the interpreter the project's venv was made from
-        base = Path(sys.base_prefix) / "bin" / "python3"
-        subprocess.run([str(base), "-m", "venv", str(CLEANLAB_VENV)], check=True, capture_output=True)
-        pip_install(py, f"cleanlab=={CLEANLAB_VERSION}", capture_output=True, timeout=900)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        return None, {"created": False, "error": f"cleanlab did not install: {exc}"}
-    return py, {"created": True, "path": str(CLEANLAB_VENV), "install_s": round(time.monotonic() - t0, 1)}
-
-
 def run_cleanlab(py: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
     request = {"cells": [c["choice_items"]["cleanlab_input"] for c in cells]}
     proc = subprocess.run(
@@ -403,87 +251,44 @@ def run_cleanlab(py: Path, cells: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
-def markdown(cells: list[dict[str, Any]]) -> str:
-    """The README table: one row per (models, mean accuracy), one column per error rate; each
-    cell "recall / precision / AP" of ours, then the majority vote's."""
-    rates = sorted({c["error_rate"] for c in cells})
-    head = " | ".join(f"{r:.0%} errors: ours R / P / AP · majority R / P / AP" for r in rates)
-    lines = [f"| models | mean acc. | {head} |", "|---|---|" + "---|" * len(rates)]
-    by_key = {(c["models"], c["accuracy"], c["error_rate"]): c for c in cells}
-    for models, accuracy in sorted({(c["models"], c["accuracy"]) for c in cells}):
-        row = []
-        for rate in rates:
-            c = by_key.get((models, accuracy, rate))
-            if c is None:
-                row.append("–")
-                continue
-            o, m = c["ours"], c["majority"]
-            met = models >= 3 and accuracy >= 0.70 and _meets(o)
-            ceiling = o.get("oracle_recall_at_p85")
-            row.append(
-                f"{f'**{_fmt(o)}**' if met else _fmt(o)} · {_fmt(m)}"
-                + (f" · ceiling {ceiling:.2f}" if ceiling is not None else "")
-            )
-        lines.append(f"| {models} | {accuracy:.0%} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-def choice_markdown(cells: list[dict[str, Any]]) -> str:
-    """The multiple-choice items alone, with cleanlab where it ran: average precision of the
-    rankings, recall / precision of the flags."""
-    lines = [
-        "| error rate | models | mean acc. | planted | ours R / P / AP | majority R / P / AP | cleanlab R / P / AP |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for c in cells:
-        ci = c["choice_items"]
-        lines.append(
-            f"| {c['error_rate']:.0%} | {c['models']} | {c['accuracy']:.0%} | {ci['planted']} "
-            f"| {_fmt(ci['ours'])} | {_fmt(ci['majority'])} | {_fmt(ci.get('cleanlab'))} |"
-        )
-    return "\n".join(lines)
-
-
-def main() -> None:
-    ap = arg_parser(__doc__)
-    ap.add_argument("--items", type=int, help=f"items per set (default {ITEMS}; --quick 600)")
-    ap.add_argument("--seed", type=int, default=16)
-    ap.add_argument("--no-cleanlab", action="store_true", help="skip the cleanlab comparison")
-    args = ap.parse_args()
-    started = time.monotonic()
-    n = args.items or (600 if args.quick else ITEMS)
+def run_grid(n: int, seed: int, quick: bool) -> list[dict[str, Any]]:
+    """One cell per (error rate, models, mean accuracy) of the grid (--quick: a 2×2×2 one)."""
     grid = [
         (e, m, a)
-        for e in (ERROR_RATES[::3] if args.quick else ERROR_RATES)
-        for m in (MODEL_COUNTS[::3] if args.quick else MODEL_COUNTS)
-        for a in ((0.70, 0.95) if args.quick else ACCURACIES)
+        for e in (ERROR_RATES[::3] if quick else ERROR_RATES)
+        for m in (MODEL_COUNTS[::3] if quick else MODEL_COUNTS)
+        for a in ((0.70, 0.95) if quick else ACCURACIES)
     ]
     cells = []
     for k, (e, m, a) in enumerate(grid):
-        cells.append(cell(n, e, m, a, args.seed * 1000 + k))
+        cells.append(cell(n, e, m, a, seed * 1000 + k))
         c = cells[-1]
-        log(f"error {e:.0%} models {m} acc {a:.0%}: ours {_fmt(c['ours'])}; majority {_fmt(c['majority'])}")
-    cleanlab_info: dict[str, Any] = {"skipped": "--no-cleanlab"}
-    if not args.no_cleanlab:
-        py, cleanlab_info = ensure_cleanlab_venv()
-        if py is not None:
-            answer = run_cleanlab(py, cells)
-            cleanlab_info["version"] = answer["cleanlab"]
-            for c, found in zip(cells, answer["cells"], strict=True):
-                ci = c["choice_items"]
-                planted = {i for i in ci["ids"] if i in c["_planted"]}
-                flagged = {i for i, bad in zip(ci["ids"], found["issues"], strict=True) if bad}
-                ci["cleanlab"] = _metrics(
-                    flagged, dict(zip(ci["ids"], found["scores"], strict=True)), planted
-                )
-    for c in cells:
-        c["choice_items"].pop("cleanlab_input")
-        c.pop("_planted")
+        log(
+            f"error {e:.0%} models {m} acc {a:.0%}: ours {fmt_metrics(c['ours'])}; majority {fmt_metrics(c['majority'])}"
+        )
+    return cells
+
+
+def add_cleanlab(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """cleanlab's flags and ranking on each cell's multiple-choice items, where it installs."""
+    py, cleanlab_info = ensure_cleanlab_venv()
+    if py is not None:
+        answer = run_cleanlab(py, cells)
+        cleanlab_info["version"] = answer["cleanlab"]
+        for c, found in zip(cells, answer["cells"], strict=True):
+            ci = c["choice_items"]
+            planted = {i for i in ci["ids"] if i in c["_planted"]}
+            flagged = {i for i, bad in zip(ci["ids"], found["issues"], strict=True) if bad}
+            ci["cleanlab"] = _metrics(flagged, dict(zip(ci["ids"], found["scores"], strict=True)), planted)
+    return cleanlab_info
+
+
+def goals(cells: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     strong = [c for c in cells if _goal_applies(c["models"], c["true_accuracies"])]
     reachable = [c for c in strong if c["ours"]["oracle_recall_at_p85"] >= TARGET_RECALL]
-    reachable_met = [c for c in reachable if _meets(c["ours"])]
+    reachable_met = [c for c in reachable if meets_goal(c["ours"])]
     ceiling_gaps = sorted(c["ours"]["oracle_recall_at_p85"] - c["ours"]["recall_at_p85"] for c in strong)
-    strong_met = [c for c in strong if _meets(c["ours"])]
+    strong_met = [c for c in strong if meets_goal(c["ours"])]
     two = [c for c in cells if c["models"] == 2]
     two_better = [c for c in two if c["ours"]["ap"] > c["majority"]["ap"]]
     two_f1 = [c for c in two if c["ours"]["f1"] > c["majority"]["f1"]]
@@ -494,11 +299,11 @@ def main() -> None:
         or (c["ours"]["recall_at_majority_precision"] or 0) >= c["majority"]["recall"]
     ]
     missed = [
-        f"{c['error_rate']:.0%}/{c['models']}/{c['accuracy']:.0%}: R/P/AP {_fmt(c['ours'])}"
+        f"{c['error_rate']:.0%}/{c['models']}/{c['accuracy']:.0%}: R/P/AP {fmt_metrics(c['ours'])}"
         for c in strong
         if c not in strong_met
     ]
-    goals = [
+    goals_list = [
         goal_row(
             "7a",
             f"label audit: recall ≥ 0.95 at precision ≥ 0.85 (default cut, estimated FDR ≤ {MAX_FDR}), cells with ≥ 3 models averaging ≥ 70 %",
@@ -546,6 +351,24 @@ def main() -> None:
             ),
         ),
     ]
+    return goals_list
+
+
+def main() -> None:
+    ap = arg_parser(__doc__)
+    ap.add_argument("--items", type=int, help=f"items per set (default {ITEMS}; --quick 600)")
+    ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--no-cleanlab", action="store_true", help="skip the cleanlab comparison")
+    args = ap.parse_args()
+    started = time.monotonic()
+    n = args.items or (600 if args.quick else ITEMS)
+    cells = run_grid(n, args.seed, args.quick)
+    cleanlab_info: dict[str, Any] = {"skipped": "--no-cleanlab"}
+    if not args.no_cleanlab:
+        cleanlab_info = add_cleanlab(cells)
+    for c in cells:
+        c["choice_items"].pop("cleanlab_input")
+        c.pop("_planted")
     doc = write_result(
         NAME,
         {
@@ -555,44 +378,16 @@ def main() -> None:
             "cells": cells,
             "table": markdown(cells),
             "choice_table": choice_markdown(cells),
-            "goals": goals,
+            "goals": goals(cells, n),
         },
         started=started,
         quick=args.quick,
     )
     if not args.quick:
-        README.write_text(replace_between(README.read_text(), README_START, README_END, readme_body(doc)))
+        README.write_text(
+            replace_between(README.read_text(), README_START, README_END, readme_body(doc, MAX_FDR))
+        )
         log("README.md label-audit table updated")
-
-
-def readme_body(doc: dict[str, Any]) -> str:
-    cl = doc["cleanlab"]
-    cleanlab = (
-        f"cleanlab {cl['version']}"
-        if "version" in cl
-        else f"cleanlab not run ({cl.get('error') or cl.get('skipped')})"
-    )
-    goals = "; ".join(f"{g['benchmark']}: {g['measured']}" for g in doc["goals"])
-    return "\n".join(
-        [
-            f"Measured {doc['finished_at'][:16].replace('T', ' ')} by `bench/label_audit.py` in {doc['wall_s']:.0f} s "
-            f"({doc['items_per_set']} items per set, seed {doc['seed']}; {cleanlab}; raw numbers in "
-            f"`bench/results/label_audit.json`). Each cell: recall / precision at the default cut (estimated FDR ≤ {MAX_FDR}) "
-            "/ average precision of the ranking, ours (`--method reliability`) · the majority vote "
-            "(`--method majority`); bold: the goal (R ≥ 0.95 at P ≥ 0.85) met where it applies. "
-            "Where the goal applies, *ceiling*: the best recall at P ≥ 0.85 that any scorer can reach "
-            "from the answers, measured by ranking a large set by the generator's own frequency of "
-            "planted errors for each answer pattern (`oracle_ceiling`).",
-            "",
-            f"Goals: {goals}.",
-            "",
-            doc["table"],
-            "",
-            "The multiple-choice third alone, where cleanlab applies (one class per letter):",
-            "",
-            doc["choice_table"],
-        ]
-    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ the workers, no engine): request -> every result in PostgreSQL.
 
 Goals: ≥ 10,000 items/s at 150k and ≥ 5,000 at 15k; memory flat in the number of items (each
 service's peak at 150k ≤ 1.25 × its peak at 15k); regrade of 150k ≥ 10,000 items/s. Below the throughput goal, a third run of the
-smaller size goes through with every service under bench/sampler.py (stack samples of
+smaller size goes through with every service under bench/harness/sampler.py (stack samples of
 every busy thread) and the top functions per service are reported. A run still going
 after 240 s (BENCH_CEILING_DEADLINE_S) is reported as unfinished with its rate so far, and
 the bench stack is reset (its data deleted) so that the next benchmark starts clean.
@@ -19,7 +19,6 @@ the bench stack is reset (its data deleted) so that the next benchmark starts cl
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
+from bench.harness import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
 from evalstream.producer.intake import auto_shard_size
 
 NAME = "pipeline_ceiling"
@@ -56,26 +55,6 @@ def dataset(n: int) -> Path:
             ),
         )
     return path
-
-
-def producer_errors(log: Path, since: int) -> dict[str, int]:
-    """Error messages (by exception type) the producer logged since byte `since`."""
-    out: dict[str, int] = {}
-    if not log.exists():
-        return out
-    with log.open("rb") as f:
-        f.seek(since)
-        for raw in f:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if rec.get("level") == "ERROR":
-                exc = str(rec.get("exc") or rec.get("msg") or "")
-                last = exc.strip().splitlines()[-1] if exc.strip() else "?"
-                key = last.split(":")[0][:80]
-                out[key] = out.get(key, 0) + 1
-    return out
 
 
 def measure(
@@ -118,7 +97,7 @@ def measure(
         unfinished = {
             "done": exc.done,
             "after_s": round(elapsed, 1),
-            "producer_errors": producer_errors(log, log_from),
+            "producer_errors": benchstack.logged_errors(log, log_from),
         }
         run = pipeline_runs.PipelineRun(exc.run_id, exc.done, 0.0, elapsed, 0, 0)
         recording.log(
@@ -149,15 +128,9 @@ def measure(
     }
 
 
-def main() -> None:
-    args = recording.arg_parser(__doc__).parse_args()
-    started = time.monotonic()
-    benchstack.use_bench_stack()
-    benchstack.ensure_up(WORKER_ENV, **SHAPE)
-    small, large = (1_500, 15_000) if args.quick else (15_000, 150_000)
-    # The large run must fit the 30-minute `make bench`: past this it is reported as
-    # unfinished (the rate so far) and the bench stack is reset.
-    deadline = float(os.environ.get("BENCH_CEILING_DEADLINE_S", 120.0 if args.quick else 240.0))
+def run_sizes(small: int, large: int, deadline: float) -> dict[str, Any]:
+    """The small and the large run, the regrade of the large one and, under the goal, the
+    small run again in small shards and with every service profiled."""
     shard_args: list[str] = []  # the CLI's default shard size
     profile: dict[str, Any] | None = None
     sensitivity: dict[str, Any] | None = None
@@ -181,20 +154,85 @@ def main() -> None:
             profile = profile_services(small, shard_args, deadline)
     finally:
         benchstack.ensure_up()  # the default worker again, for the next benchmark
-    big = runs[1]
-    ips = big["run"]["items_per_s"]
-    growth = {
-        name: round(big["peak_rss_bytes"][name] / runs[0]["peak_rss_bytes"][name], 3)
+    return {"runs": runs, "regrade": regrade, "small_shards": sensitivity, "profile": profile}
+
+
+def peak_growth(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each service's peak RSS in the large run ÷ in the small one."""
+    small, big = runs
+    return {
+        name: round(big["peak_rss_bytes"][name] / small["peak_rss_bytes"][name], 3)
         for name in SERVICES
-        if big["peak_rss_bytes"].get(name) and runs[0]["peak_rss_bytes"].get(name)
+        if big["peak_rss_bytes"].get(name) and small["peak_rss_bytes"].get(name)
     }
+
+
+def goals(
+    runs: list[dict[str, Any]], regrade: dict[str, Any] | None, growth: dict[str, float]
+) -> list[dict[str, Any]]:
+    small_run, big = runs
+    small, large = small_run["items"], big["items"]
+    ips = big["run"]["items_per_s"]
     worst = max(growth.values()) if growth else None
     cpu_note = ", ".join(f"{k} {v:.0f}" for k, v in big["cpu_us_per_item"].items())
     measured = f"{pure.fmt_num(ips)} items/s (from publish: {pure.fmt_num(big['items_per_s_from_publish'])})"
     if big["unfinished"]:
         u = big["unfinished"]
         measured = f"unfinished: {u['done']:,} of {large:,} results after {u['after_s']:.0f} s ({pure.fmt_num(ips)} items/s)"
-    measured += f"; {pure.fmt_num(runs[0]['run']['items_per_s'])} items/s at {small:,}"
+    measured += f"; {pure.fmt_num(small_run['run']['items_per_s'])} items/s at {small:,}"
+    return [
+        pure.goal_row(
+            "3a",
+            f"pipeline ceiling, null engine, {large:,} items (items/s end to end)",
+            f"≥ {GOAL_ITEMS_PER_S:,}",
+            measured,
+            ips >= GOAL_ITEMS_PER_S and not big["unfinished"],
+            f"CPU µs/item at {large:,}: {cpu_note}",
+        ),
+        pure.goal_row(
+            "3c",
+            f"pipeline ceiling at {small:,} items (items/s end to end)",
+            f"≥ {GOAL_SMALL_ITEMS_PER_S:,}",
+            pure.fmt_num(small_run["run"]["items_per_s"]),
+            small_run["run"]["items_per_s"] >= GOAL_SMALL_ITEMS_PER_S and not small_run["unfinished"],
+            f"CPU µs/item: {', '.join(f'{k} {v:.0f}' for k, v in small_run['cpu_us_per_item'].items())}",
+        ),
+        pure.goal_row(
+            "3d",
+            f"regrade of the {large:,}-item run (recorded answers, no engine; items/s)",
+            f"≥ {GOAL_REGRADE_ITEMS_PER_S:,}",
+            "not run" if regrade is None else pure.fmt_num(regrade["items_per_s"]),
+            regrade is not None
+            and not regrade["unfinished"]
+            and regrade["items_per_s"] >= GOAL_REGRADE_ITEMS_PER_S,
+            "request → every result in PostgreSQL" if regrade else "",
+        ),
+        pure.goal_row(
+            "3b",
+            f"memory flat: peak RSS at {large:,} ÷ at {small:,} items, worst service",
+            f"≤ {MEMORY_FLAT}",
+            f"{pure.fmt_num(worst)}" + (" (large run unfinished)" if big["unfinished"] else ""),
+            worst is not None and worst <= MEMORY_FLAT,
+            ", ".join(
+                f"{k} {round((small_run['peak_rss_bytes'][k] or 0) / 2**20)}→{round((big['peak_rss_bytes'][k] or 0) / 2**20)} MiB"
+                for k in growth
+            ),
+        ),
+    ]
+
+
+def main() -> None:
+    args = recording.arg_parser(__doc__).parse_args()
+    started = time.monotonic()
+    benchstack.use_bench_stack()
+    benchstack.ensure_up(WORKER_ENV, **SHAPE)
+    small, large = (1_500, 15_000) if args.quick else (15_000, 150_000)
+    # The large run must fit the 30-minute `make bench`: past this it is reported as
+    # unfinished (the rate so far) and the bench stack is reset.
+    deadline = float(os.environ.get("BENCH_CEILING_DEADLINE_S", 120.0 if args.quick else 240.0))
+    done = run_sizes(small, large, deadline)
+    runs = done["runs"]
+    growth = peak_growth(runs)
     recording.write_result(
         NAME,
         {
@@ -208,50 +246,12 @@ def main() -> None:
                 "cores": CORES,
             },
             "runs": runs,
-            "regrade": regrade,
+            "regrade": done["regrade"],
             "peak_rss_growth": growth,
-            "small_shards": sensitivity,
-            "profile": profile,
-            "diagnosis": diagnose(runs, profile, sensitivity) + memory_note(runs, growth),
-            "goals": [
-                pure.goal_row(
-                    "3a",
-                    f"pipeline ceiling, null engine, {large:,} items (items/s end to end)",
-                    f"≥ {GOAL_ITEMS_PER_S:,}",
-                    measured,
-                    ips >= GOAL_ITEMS_PER_S and not big["unfinished"],
-                    f"CPU µs/item at {large:,}: {cpu_note}",
-                ),
-                pure.goal_row(
-                    "3c",
-                    f"pipeline ceiling at {small:,} items (items/s end to end)",
-                    f"≥ {GOAL_SMALL_ITEMS_PER_S:,}",
-                    pure.fmt_num(runs[0]["run"]["items_per_s"]),
-                    runs[0]["run"]["items_per_s"] >= GOAL_SMALL_ITEMS_PER_S and not runs[0]["unfinished"],
-                    f"CPU µs/item: {', '.join(f'{k} {v:.0f}' for k, v in runs[0]['cpu_us_per_item'].items())}",
-                ),
-                pure.goal_row(
-                    "3d",
-                    f"regrade of the {large:,}-item run (recorded answers, no engine; items/s)",
-                    f"≥ {GOAL_REGRADE_ITEMS_PER_S:,}",
-                    "not run" if regrade is None else pure.fmt_num(regrade["items_per_s"]),
-                    regrade is not None
-                    and not regrade["unfinished"]
-                    and regrade["items_per_s"] >= GOAL_REGRADE_ITEMS_PER_S,
-                    "request → every result in PostgreSQL" if regrade else "",
-                ),
-                pure.goal_row(
-                    "3b",
-                    f"memory flat: peak RSS at {large:,} ÷ at {small:,} items, worst service",
-                    f"≤ {MEMORY_FLAT}",
-                    f"{pure.fmt_num(worst)}" + (" (large run unfinished)" if big["unfinished"] else ""),
-                    worst is not None and worst <= MEMORY_FLAT,
-                    ", ".join(
-                        f"{k} {round((runs[0]['peak_rss_bytes'][k] or 0) / 2**20)}→{round((big['peak_rss_bytes'][k] or 0) / 2**20)} MiB"
-                        for k in growth
-                    ),
-                ),
-            ],
+            "small_shards": done["small_shards"],
+            "profile": done["profile"],
+            "diagnosis": diagnose(runs, done["profile"], done["small_shards"]) + memory_note(runs, growth),
+            "goals": goals(runs, done["regrade"], growth),
         },
         started=started,
         quick=args.quick,
@@ -299,25 +299,14 @@ def measure_regrade(run_id: str, items: int, deadline_s: float) -> dict[str, Any
 
 
 def profile_services(n: int, shard_args: list[str], deadline: float) -> dict[str, Any]:
-    """A run of `n` items with every service under bench/sampler.py: top functions by CPU."""
+    """A run of `n` items with every service under bench/harness/sampler.py: top functions by CPU."""
     recording.log("under the throughput goal: profiling every service (sampled) on the smaller size")
     pdir = paths.RESULTS / f"{NAME}.profile"
     pdir.mkdir(parents=True, exist_ok=True)
     prof_run = measure(n, shard_args=shard_args, deadline_s=deadline, profile_dir=pdir)
     for name in SERVICES:  # stopping them writes their final samples
         benchstack.stack("stop", name)
-    out: dict[str, Any] = {"run": prof_run, "services": {}, "files": str(pdir)}
-    for name in SERVICES:
-        path = pdir / f"{name}.json"
-        if path.exists():
-            data = json.loads(path.read_text())
-            out["services"][name] = {
-                "sampled_busy_s": data["sampled_busy_s"],
-                "self_top": data["self"][:12],
-                "inclusive_top": data["inclusive"][:25],
-                "by_package": data.get("by_package", []),
-            }
-    return out
+    return {"run": prof_run, "services": profiled.read_profiles(pdir, SERVICES), "files": str(pdir)}
 
 
 def memory_note(runs: list[dict[str, Any]], growth: dict[str, float]) -> list[str]:
@@ -340,14 +329,6 @@ def memory_note(runs: list[dict[str, Any]], growth: dict[str, float]) -> list[st
             "leave only the O(n) ids and digests."
         )
     return [line]
-
-
-# frames every sample of a service passes through: they say nothing about where time goes
-ENTRY_POINTS = ("<module> (", "main (", "run (evalstream/common/service.py")
-
-
-def _short(label: str) -> str:
-    return label.split(" (")[0]
 
 
 def diagnose(
@@ -383,23 +364,9 @@ def diagnose(
             "with the set; at that size the CPU per item above is the limit."
         )
     if profile:
-        parts = []
-        for name, p in profile["services"].items():
-            owners = ", ".join(f"{f['package']} {f['share']:.0%}" for f in p.get("by_package", [])[:5])
-            hot = [
-                f
-                for f in p["inclusive_top"]
-                if "evalstream" in f["function"] and not f["function"].startswith(ENTRY_POINTS)
-            ]
-            own = ", ".join(f"{_short(f['function'])} {f['share']:.0%}" for f in hot[:3])
-            leaf = ", ".join(f"{_short(f['function'])} {f['share']:.0%}" for f in p["self_top"][:3])
-            parts.append(
-                f"{name} ({p['sampled_busy_s']:.1f} s busy): by package {owners}; project functions {own or '–'}; "
-                f"leaves {leaf}"
-            )
         out.append(
             "sampled profile (busy samples of all threads; bench/results/pipeline_ceiling.profile/): "
-            + " | ".join(parts)
+            + profiled.profile_note(profile["services"])
         )
     for r in runs:
         u = r["unfinished"]

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, pipeline_runs, pure, recording
+from bench.harness import benchstack, data, pipeline_runs, pure, recording
 from tests.replay_files import replay_root
 
 NAME = "report_items"

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, paths, pure, recording
+from bench.harness import benchstack, paths, pure, recording
 
 BENCHMARKS = [
     "engine_efficiency",

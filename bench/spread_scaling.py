@@ -23,8 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, pipeline_runs, pure, recording
-from bench.pure import metric_sum
+from bench.harness import benchstack, data, pipeline_runs, pure, recording
+from bench.harness.pure import metric_sum
 
 NAME = "spread_scaling"
 ITEMS = 12_000

@@ -28,7 +28,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import benchstack, data, inprocess, paths, pipeline_runs, procstat, profiled, pure, recording
+from bench.harness import (
+    benchstack,
+    data,
+    inprocess,
+    paths,
+    pipeline_runs,
+    procstat,
+    profiled,
+    pure,
+    recording,
+)
 from evalstream.common.settings import WorkerSettings
 from evalstream.common.specs import DEFAULT_MODEL
 

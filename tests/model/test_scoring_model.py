@@ -5,7 +5,7 @@
 * a request's numbers do not depend on what else its call scores: bit for bit on the CPU;
 * `loglikelihood_rolling` and `loglikelihood` agree with lm-evaluation-harness 0.4.13's HFLM
   on the same weights within 1e-4 relative (lm-eval runs in bench/.venv-lmeval, a venv that
-  shares the project's torch and transformers, made on first use as bench/against_lmeval.py
+  shares the project's torch and transformers, made on first use as bench/harness/venvs.py
   makes it);
 * the ov engine (the same fp32 weights in the OpenVINO IR) scores within 1e-4 relative of the
   hf engine.
@@ -142,7 +142,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def lm_eval_python() -> Path:
     sys.path.insert(0, str(ROOT))
-    from bench.against_lmeval import VENV, ensure_lmeval_venv
+    from bench.harness.venvs import VENV, ensure_lmeval_venv
 
     ensure_lmeval_venv()
     return VENV / "bin" / "python"

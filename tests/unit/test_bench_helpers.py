@@ -1,4 +1,4 @@
-"""The pure helpers of the benchmarks (bench/pure.py, bench/data.py, bench/interference.py);
+"""The pure helpers of the benchmarks (bench/harness/pure.py, bench/harness/data.py, bench/harness/interference.py);
 the benchmarks themselves are not part of the suite."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import data, interference, pure
+from bench.harness import data, interference, pure
 
 # /proc/<pid>/stat of a process whose name has spaces and parentheses in it
 STAT = (

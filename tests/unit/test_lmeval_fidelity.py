@@ -1,5 +1,5 @@
 """The reader against lm-eval 0.4.13 itself, live: lm-eval (in bench/.venv-lmeval, created as
-bench/against_lmeval.py creates it, sharing the project's torch) builds the requests of its own
+bench/harness/venvs.py creates it, sharing the project's torch) builds the requests of its own
 task YAMLs in tests/lmeval_tasks with its TaskManager and `build_all_requests`; the reader's
 items must give the same contexts, continuations, gold answers and generation settings, byte
 for byte, and the recording the fast test uses (expected.json) must still be lm-eval's. Then
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def lmeval_venv() -> Path:
     sys.path.insert(0, str(ROOT))
-    from bench.against_lmeval import ensure_lmeval_venv
+    from bench.harness.venvs import ensure_lmeval_venv
 
     ensure_lmeval_venv()
     return fidelity.LMEVAL_PYTHON

@@ -38,25 +38,6 @@ PROXY_KAFKA_PORT, TOXIPROXY_PORT = 9095 + OFFSET, 8474 + OFFSET
 TOXIPROXY_VERSION = "v2.5.0"
 
 
-def client_env(principal: str = "user") -> dict[str, str]:
-    """How a client acting as `principal` (acls.py: a service's name, "user" for evalctl and
-    tests, "admin") reaches this stack (the settings' names), with that principal's
-    credentials: its Kafka principal, its database role (db_roles.py; the admin's is the
-    tables' owner; none for the router) and its S3 key pair (s3_identities.py; none for the
-    router and workers). Credentials a principal lacks are empty, never someone else's."""
-    from localstack.credentials import database_url, kafka_env, s3_env
-
-    return {
-        "KAFKA_BOOTSTRAP": f"127.0.0.1:{KAFKA_PORT}",
-        **kafka_env(principal),
-        "DATABASE_URL": database_url(PG_PORT, principal),
-        "S3_ENDPOINT": f"http://127.0.0.1:{S3_PORT}",
-        **s3_env(principal),
-        "PROMETHEUS_URL": f"http://127.0.0.1:{PROM_PORT}",
-        "EVALSTREAM_STACK": str(STACK),
-    }
-
-
 def log(msg: str) -> None:
     print(f"[stack] {msg}", flush=True)
 

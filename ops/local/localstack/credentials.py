@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from evalstream.common import db_roles, s3_identities
 from evalstream.common.acls import ADMIN, PRINCIPALS
-from localstack.config import STACK
+from localstack.config import KAFKA_PORT, PG_PORT, PROM_PORT, S3_PORT, STACK
 
 KAFKA_PRINCIPALS = (ADMIN, *PRINCIPALS)
 __all__ = [
@@ -117,3 +117,20 @@ def s3_env(principal: str) -> dict[str, str]:
     _known(principal)
     access, secret_key = s3_keys(principal) if principal in s3_identities.PRINCIPALS else ("", "")
     return {"S3_ACCESS_KEY": access, "S3_SECRET_KEY": secret_key}
+
+
+def client_env(principal: str = "user") -> dict[str, str]:
+    """How a client acting as `principal` (acls.py: a service's name, "user" for evalctl and
+    tests, "admin") reaches this stack (the settings' names), with that principal's
+    credentials: its Kafka principal, its database role (db_roles.py; the admin's is the
+    tables' owner; none for the router) and its S3 key pair (s3_identities.py; none for the
+    router and workers). Credentials a principal lacks are empty, never someone else's."""
+    return {
+        "KAFKA_BOOTSTRAP": f"127.0.0.1:{KAFKA_PORT}",
+        **kafka_env(principal),
+        "DATABASE_URL": database_url(PG_PORT, principal),
+        "S3_ENDPOINT": f"http://127.0.0.1:{S3_PORT}",
+        **s3_env(principal),
+        "PROMETHEUS_URL": f"http://127.0.0.1:{PROM_PORT}",
+        "EVALSTREAM_STACK": str(STACK),
+    }

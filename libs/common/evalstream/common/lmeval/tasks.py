@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalstream.common.lmeval.config import GroupConfig, TaskConfig, parse_group, parse_task
+from evalstream.common.lmeval.config import GroupConfig, TaskConfig
 from evalstream.common.lmeval.errors import TaskError, TaskRefused
+from evalstream.common.lmeval.parse import parse_group, parse_task
 from evalstream.common.lmeval.yamlfiles import TaskFiles, inside, load, relative
 
 MAX_YAML_FILES = 5000  # YAML files indexed under one root

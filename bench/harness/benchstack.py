@@ -14,8 +14,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
-from bench.pure import MetricKey, parse_prometheus
+from bench.harness.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
+from bench.harness.pure import MetricKey, parse_prometheus
 from evalstream.common.settings import SERVICE_PORTS
 
 
@@ -191,3 +191,23 @@ def wait_http(url: str, timeout: float) -> float:
         except (urllib.error.URLError, OSError):
             time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
+
+
+def logged_errors(log: Path, since: int) -> dict[str, int]:
+    """Error messages (by exception type) a service logged (JSON lines) since byte `since`."""
+    out: dict[str, int] = {}
+    if not log.exists():
+        return out
+    with log.open("rb") as f:
+        f.seek(since)
+        for raw in f:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if rec.get("level") == "ERROR":
+                exc = str(rec.get("exc") or rec.get("msg") or "")
+                last = exc.strip().splitlines()[-1] if exc.strip() else "?"
+                key = last.split(":")[0][:80]
+                out[key] = out.get(key, 0) + 1
+    return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.data import data_dir, write_jsonl
+from bench.harness.data import data_dir, write_jsonl
 
 
 class Unfinished(TimeoutError):

@@ -1,6 +1,6 @@
 """A small sampling profiler for the stack's services (py-spy is not installed).
 
-    python bench/sampler.py --out PREFIX [--interval 0.005] -m evalstream.worker
+    python bench/harness/sampler.py --out PREFIX [--interval 0.005] -m evalstream.worker
 
 runs the module as `python -m` would, and every INTERVAL samples the stack of every Python
 thread from a background thread (pyinstrument's CLI sees only the main thread, and the

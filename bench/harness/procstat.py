@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.benchstack import stack_dir
-from bench.pure import parse_proc_stat, parse_status_kib
+from bench.harness.benchstack import stack_dir
+from bench.harness.pure import parse_proc_stat, parse_status_kib
 
 
 def pid_of(name: str) -> int | None:

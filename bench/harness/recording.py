@@ -13,8 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.paths import RESULTS, ROOT
-from bench.pure import cpu_model, git_commit, mem_total_bytes
+from bench.harness.paths import RESULTS, ROOT
+from bench.harness.pure import cpu_model, git_commit, mem_total_bytes
 
 
 def machine() -> dict[str, Any]:

@@ -82,6 +82,11 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def med(values: Sequence[float]) -> float | None:
+    """The median, rounded for reading (None of nothing)."""
+    return round(statistics.median(values), 4) if values else None
+
+
 def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
     """Pairwise a/b of measurements taken side by side (repeat i of each)."""
     if len(numerators) != len(denominators):

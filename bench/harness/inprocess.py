@@ -8,11 +8,12 @@ import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from bench.benchstack import client_env, metrics
-from bench.paths import DEFAULT_MODEL
-from bench.pure import metric_sum
+from bench.harness.benchstack import client_env, metrics
+from bench.harness.paths import DEFAULT_MODEL
+from bench.harness.pure import metric_sum
 
 
 def load_engine(spec: str = DEFAULT_MODEL) -> Any:
@@ -172,3 +173,34 @@ def same_answers(prepared: Prepared, outputs: Sequence[Any], stored: Mapping[str
         if getattr(out, "text", None) is not None and stored.get(req.item_id) == out.text
     )
     return same / len(prepared.requests) if prepared.requests else 0.0
+
+
+def pipeline_prompt(model_dir: Path | str, rows: list[dict[str, Any]], like: str | None) -> str | None:
+    """The prompt a worker renders for the row that `like` (lm-eval's first prompt) asks,
+    through the worker's own message building and the model's chat template."""
+    from transformers import AutoTokenizer
+
+    from evalstream.common.messages import GenerationParams, Item, Shard
+    from evalstream.worker.prompting import build_messages
+
+    row = next((r for r in rows if like and r["question"] in like), rows[0])
+    item = Item(id=row["id"], question=row["question"], answer=row["answer"])
+    shard = Shard(
+        run_id="x",
+        shard_id="x",
+        shard_index=0,
+        shard_count=1,
+        model=DEFAULT_MODEL,
+        grader="exact",
+        generation=GenerationParams(),
+        items=[item],
+    )
+    messages = build_messages(shard, item, "exact")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return str(
+        tok.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    )

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 PY = ROOT / ".venv" / "bin" / "python"
@@ -16,13 +14,3 @@ BENCH_OFFSET = 4000
 FORBIDDEN_OFFSETS = (0, 2000)
 DEFAULT_MODEL = "hf:smollm2-135m-instruct"
 README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
-
-
-def pip_install(python: Path, *requirements: str, **run: Any) -> None:
-    """`pip install` into one of the benchmarks' side venvs (lm-eval's, cleanlab's): quiet,
-    no version nag; `run` goes to subprocess.run (capture_output, timeout)."""
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements],
-        check=True,
-        **run,
-    )

@@ -1,8 +1,9 @@
-"""Services started as stack.py would start them, but under a sampler (bench/sampler.py)."""
+"""Services started as stack.py would start them, but under a sampler (bench/harness/sampler.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
@@ -12,11 +13,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.benchstack import client_env, metrics, service_port, stack, stack_dir, wait_http
-from bench.paths import BENCH, PY, ROOT
-from bench.procstat import CLK_TCK
-from bench.pure import metric_sum
-from bench.recording import log
+from bench.harness.benchstack import client_env, metrics, service_port, stack, stack_dir, wait_http
+from bench.harness.paths import BENCH, PY, ROOT
+from bench.harness.procstat import CLK_TCK
+from bench.harness.pure import metric_sum
+from bench.harness.recording import log
 
 
 def service_env(name: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -54,11 +55,15 @@ def spawn(name: str, argv: Sequence[str], extra_env: Mapping[str, str] | None = 
 
 
 def start_sampled(name: str, out_prefix: Path, extra_env: Mapping[str, str] | None = None) -> None:
-    """(Re)starts a stack service under bench/sampler.py (CPU-weighted stack samples of
+    """(Re)starts a stack service under bench/harness/sampler.py (CPU-weighted stack samples of
     every thread), with the pid file and log where stack.py keeps them."""
     stack("stop", name)
     module = f"evalstream.{name.split('-')[0]}"
-    spawn(name, [str(PY), str(BENCH / "sampler.py"), "--out", str(out_prefix), "-m", module], extra_env)
+    spawn(
+        name,
+        [str(PY), str(BENCH / "harness" / "sampler.py"), "--out", str(out_prefix), "-m", module],
+        extra_env,
+    )
     wait_http(f"http://127.0.0.1:{service_port(name)}/healthz", 180)
 
 
@@ -126,3 +131,49 @@ class Budget:
             "repeats_done": getattr(self, "done", None),
             "stopped_early": self.stopped_early,
         }
+
+
+def read_profiles(folder: Path, names: Sequence[str]) -> dict[str, Any]:
+    """The top of each service's sampled profile (`folder`/<name>.json, written by
+    bench/harness/sampler.py when the service stops): busy seconds, the functions most often
+    on top of the stack (self) and anywhere on it (inclusive), and the packages."""
+    out: dict[str, Any] = {}
+    for name in names:
+        path = folder / f"{name}.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            out[name] = {
+                "sampled_busy_s": data["sampled_busy_s"],
+                "self_top": data["self"][:12],
+                "inclusive_top": data["inclusive"][:25],
+                "by_package": data.get("by_package", []),
+            }
+    return out
+
+
+# frames every sample of a service passes through: they say nothing about where time goes
+ENTRY_POINTS = ("<module> (", "main (", "run (evalstream/common/service.py")
+
+
+def _short(label: str) -> str:
+    return label.split(" (")[0]
+
+
+def profile_note(services: Mapping[str, Any]) -> str:
+    """One line per service of read_profiles: by package, the project's own functions, and
+    the leaves, each with its share of the busy samples."""
+    parts = []
+    for name, p in services.items():
+        owners = ", ".join(f"{f['package']} {f['share']:.0%}" for f in p.get("by_package", [])[:5])
+        hot = [
+            f
+            for f in p["inclusive_top"]
+            if "evalstream" in f["function"] and not f["function"].startswith(ENTRY_POINTS)
+        ]
+        own = ", ".join(f"{_short(f['function'])} {f['share']:.0%}" for f in hot[:3])
+        leaf = ", ".join(f"{_short(f['function'])} {f['share']:.0%}" for f in p["self_top"][:3])
+        parts.append(
+            f"{name} ({p['sampled_busy_s']:.1f} s busy): by package {owners}; project functions {own or '–'}; "
+            f"leaves {leaf}"
+        )
+    return " | ".join(parts)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.benchstack import stack_dir
+from bench.harness.benchstack import stack_dir
 
 
 def arithmetic_rows(n: int, seed: int, prefix: str = "q") -> list[dict[str, Any]]:

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.procstat import CLK_TCK, cpu_seconds, pid_of
-from bench.pure import fmt_num, summarize
+from bench.harness.procstat import CLK_TCK, cpu_seconds, pid_of
+from bench.harness.pure import fmt_num, summarize
 
 STACK_PROCESSES = ("kafka", "postgres", "s3", "prometheus", "producer", "router", "aggregator", "worker-0")
 
