@@ -36,8 +36,8 @@ from evalstream.worker.engines.base import (
     PermanentEngineError,
     RollingRequest,
     TransientEngineError,
+    plain_prompt,
 )
-from evalstream.worker.engines.null import plain_prompt
 
 if TYPE_CHECKING:
     import torch
