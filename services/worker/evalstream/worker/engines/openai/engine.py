@@ -24,7 +24,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -57,8 +57,10 @@ from evalstream.worker.engines.openai.pacing import (
     retry_after_seconds,
 )
 from evalstream.worker.engines.openai.wire import (
+    BearerAuth,
     parse_completion,
     parse_text_completion,
+    read_capped,
     request_body,
     request_costs,
     text_request_body,
@@ -71,32 +73,6 @@ T = TypeVar("T")
 RETRY_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529})
 OVERLOAD_STATUSES = frozenset({429, 503, 529})  # the server asks for less traffic
 MAX_ERROR_BODY = 300
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes | None:
-    """The body, or None as soon as it grows past `limit` bytes (the rest is not read)."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-class _BearerAuth(httpx.Auth):
-    """Adds the key to each request; its repr never shows it."""
-
-    def __init__(self, key: str) -> None:
-        self._key = key
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        request.headers["Authorization"] = f"Bearer {self._key}"
-        yield request
-
-    def __repr__(self) -> str:
-        return "_BearerAuth(***)"
 
 
 @dataclass(frozen=True)
@@ -193,7 +169,7 @@ class OpenAIEngine:
         self._buckets = rate_buckets(c.rps, c.rpm, self._clock())
         self._client = httpx.AsyncClient(
             base_url=c.base_url + "/",
-            auth=_BearerAuth(key) if key else None,
+            auth=BearerAuth(key) if key else None,
             timeout=httpx.Timeout(c.timeout_s, connect=min(c.timeout_s, 10.0)),
             limits=httpx.Limits(max_connections=c.concurrency, max_keepalive_connections=c.concurrency),
             headers={"User-Agent": "evalstream"},
@@ -315,7 +291,7 @@ class OpenAIEngine:
                     asyncio.timeout(self.config.timeout_s),
                     self._client.stream("POST", path, json=body) as response,
                 ):
-                    content = await _read_capped(response, self.config.max_response_bytes)
+                    content = await read_capped(response, self.config.max_response_bytes)
             except (TimeoutError, httpx.TimeoutException):
                 return self._count(
                     _Retry("timeout", f"no complete answer within {self.config.timeout_s:g} s")
