@@ -12,7 +12,8 @@ import pytest
 from evalstream.common.messages import ChatMessage
 from evalstream.common.settings import Settings
 from evalstream.worker.engines import GenOutput, bundled_model_path, load_engine
-from evalstream.worker.engines.hf import CACHE_MARKER, HFEngine, file_sha256
+from evalstream.worker.engines.hf import HFEngine
+from evalstream.worker.engines.weights import CACHE_MARKER, file_sha256
 from tests.model.helpers import QUESTIONS, answers, ask
 
 pytestmark = pytest.mark.model

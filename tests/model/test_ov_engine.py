@@ -16,9 +16,10 @@ import pytest
 
 from evalstream.common.settings import Settings
 from evalstream.worker.engines import GenOutput, bundled_model_path, load_engine
-from evalstream.worker.engines.hf import HFEngine, file_sha256
+from evalstream.worker.engines.hf import HFEngine
 from evalstream.worker.engines.ov import OpenVINOEngine
 from evalstream.worker.engines.ov_convert import IR_MARKER, IR_XML
+from evalstream.worker.engines.weights import file_sha256
 from tests.model.helpers import QUESTIONS as HF_QUESTIONS
 from tests.model.helpers import answers, ask
 

@@ -18,8 +18,10 @@ import pytest
 from evalstream.common.settings import WorkerSettings
 from evalstream.common.specs import BUNDLED_DEFAULT
 from evalstream.worker.engines import bundled_model_path
-from evalstream.worker.engines.hf import HFEngine, TokenizerEngine, resolve_weights
+from evalstream.worker.engines.hf import HFEngine
 from evalstream.worker.engines.tokenizer import FastTokenizer, load_tokenizer
+from evalstream.worker.engines.tokenizer_engine import TokenizerEngine
+from evalstream.worker.engines.weights import resolve_weights
 
 pytestmark = pytest.mark.model
 

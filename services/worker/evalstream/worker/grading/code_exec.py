@@ -2,7 +2,7 @@
 then `check(<entry_point>)`, run in bubblewrap sandboxes. Passing means `check` returned. The
 tests run in a sandbox of their own that never runs the candidate's code: each call of the
 entry point crosses to the candidate's sandbox as plain data, and its answer comes back as
-plain data (see sandbox.py), so that code can neither rewrite the tests' yardsticks nor forge
+plain data (see the sandbox package), so that code can neither rewrite the tests' yardsticks nor forge
 the verdict.
 
 The candidate program is the prompt (item.question: signature, docstring, imports, helper

@@ -12,7 +12,7 @@ first, which has no log-probability without a prefix token (lm-eval conditions i
 and windows long documents with its tokenizer, which this engine does not have; a document
 longer than the model's context is refused by the provider).
 
-Requests go through the engine's own pacing, retries and key (engines/openai.py). A provider
+Requests go through the engine's own pacing, retries and key (engine.py). A provider
 that does not return prompt log-probabilities (OpenAI's own chat models, DeepSeek, any
 chat-only gateway) fails the items at once with a PermanentEngineError that names it.
 """
@@ -35,7 +35,7 @@ from evalstream.worker.engines.base import (
 )
 
 if TYPE_CHECKING:
-    from evalstream.worker.engines.openai import OpenAIEngine
+    from evalstream.worker.engines.openai.engine import OpenAIEngine
 
 SCORING_PATH = "completions"
 

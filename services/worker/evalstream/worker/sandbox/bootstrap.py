@@ -1,4 +1,4 @@
-"""Runs first inside each code sandbox (sandbox.py), as `python -I -S -c <this file's text>
+"""Runs first inside each code sandbox (process.py), as `python -I -S -c <this file's text>
 <payload fd> <status fd> <AS bytes> <FSIZE bytes> <CPU seconds> <open files> <threads>
 <uid to drop to, 0: none> <early-exit code> <candidate-gone code> <lib-dynload dir> <role>`. The worker never imports it:
 it reads this file as text. Standard library only.
