@@ -169,7 +169,7 @@ class WorkerGroupSettings(_Group):
 
 @dataclass(frozen=True)
 class OpenAISettings(_Group):
-    """The operator's defaults for `openai:` engines (worker/engines/openai.py); a SPEC's own
+    """The operator's defaults for `openai:` engines (worker/engines/openai/config.py); a SPEC's own
     options, then its provider preset's, come first. Also the engine's defaults."""
 
     openai_concurrency: int = 8
@@ -182,7 +182,7 @@ class OpenAISettings(_Group):
 @dataclass(frozen=True)
 class SandboxSettings(_Group):
     # a cgroup v2 folder delegated to the worker, for the code sandbox's memory and pids
-    # limits (worker/sandbox.py); empty: rlimits and tmpfs caps only
+    # limits (worker/sandbox/cgroups.py); empty: rlimits and tmpfs caps only
     sandbox_cgroup: str = ""
 
 
@@ -230,7 +230,7 @@ class WorkerSettings(
     # worker serves with its device's fastest faithful engine, specs.FAITHFUL_ENGINES)
     worker_model: str = f"{DEFAULT_MODEL},{DEFAULT_MODEL_HF},{DEFAULT_MODEL_OV},null,replay:*"
     # which variable holds the API key of which endpoint: "<base-url pattern>=<VARIABLE>,..."
-    # (worker/engines/openai.py); a job never names a variable
+    # (worker/engines/openai/config.py); a job never names a variable
     worker_api_keys: str = ""
     # `replay:` files (models' and judges') are read only under this folder: regular files,
     # symlinks resolved and kept inside it, no `~`, at most 256 MiB (worker/engines/replay.py);

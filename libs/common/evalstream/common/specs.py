@@ -15,7 +15,7 @@ A SPEC comes from a job, so it is hostile input: it is a *request* a worker may 
 The parser therefore refuses what could make two readers disagree or reach further than the
 operator meant: a second `@` or userinfo in an `openai:` URL (the `m@https://good/v1@https://evil/v1`
 trick), `..` in a path, options it does not know (there is no `key_env`: a job never chooses
-which environment variable a worker reads; see worker/engines/openai.py for how keys are
+which environment variable a worker reads; see worker/engines/openai/config.py for how keys are
 mapped to endpoints), and option values beyond fixed bounds. A worker group's allow-list
 (WORKER_MODEL) is matched on the parsed SPEC's `identity`, for models and judges alike.
 """
