@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.paths import pip_install
 from bench.pure import goal_row, replace_between
 from bench.recording import arg_parser, log, write_result
-from evalstream.cli.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
+from evalstream.common.analysis.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
 from evalstream.common.messages import Item
 from evalstream.worker.grading import get_grader
 

@@ -81,7 +81,7 @@ ENVIRONMENT_TOUCHES = {
     # the grading pool's children get a copy of the few variables Python needs to start
     "services/worker/evalstream/worker/grading_pool.py": "os.environ.items()",
     # MLflow's own switch for a file store, set for the library (a write, not a setting)
-    "cli/evalstream/cli/export.py": "os.environ.setdefault(",
+    "cli/evalstream/cli/trackers.py": "os.environ.setdefault(",
     # the task reader's child process gets the few variables Python needs, no credential
     "libs/common/evalstream/common/lmeval/isolation.py": "for k in _INHERITED",
 }
