@@ -79,15 +79,10 @@ async def progress(conn: Conn, run_id: str) -> asyncpg.Record | None:
     )
 
 
-async def dataset_versions(conn: Conn) -> list[asyncpg.Record]:
-    """Every dataset version with its count of runs and its number among its name's versions."""
-    return list(
-        await conn.fetch(
-            "SELECT v.*, (SELECT count(*) FROM runs r WHERE r.dataset_sha256 = v.content_sha256) AS runs,"
-            " row_number() OVER (PARTITION BY v.name ORDER BY v.created_at, v.content_sha256) AS version"
-            " FROM dataset_versions v ORDER BY v.name, v.created_at, v.content_sha256"
-        )
-    )
+async def runs_per_dataset(conn: Conn) -> dict[str, int]:
+    """dataset version (content_sha256) -> how many runs it has had."""
+    rows = await conn.fetch("SELECT dataset_sha256, count(*) AS n FROM runs GROUP BY dataset_sha256")
+    return {r["dataset_sha256"]: r["n"] for r in rows}
 
 
 # --------------------------------------------------------------------------- one run's results

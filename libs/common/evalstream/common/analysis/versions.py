@@ -124,7 +124,11 @@ async def load_ref(conn: asyncpg.Connection, settings: Settings, ref: str) -> Da
 
 async def list_versions(conn: asyncpg.Connection) -> list[dict[str, Any]]:
     """Every version, oldest first per name, numbered per name (v1, v2, ...)."""
-    rows = await queries.dataset_versions(conn)
+    rows = await conn.fetch(
+        "SELECT v.*, row_number() OVER (PARTITION BY v.name ORDER BY v.created_at, v.content_sha256) AS version"
+        " FROM dataset_versions v ORDER BY v.name, v.created_at, v.content_sha256"
+    )
+    runs = await queries.runs_per_dataset(conn)
     return [
         {
             "content_sha256": r["content_sha256"],
@@ -132,7 +136,7 @@ async def list_versions(conn: asyncpg.Connection) -> list[dict[str, Any]]:
             "version": r["version"],
             "names": list(r["names"]),
             "items": r["items"],
-            "runs": r["runs"],
+            "runs": runs.get(r["content_sha256"], 0),
             "first_run_id": r["first_run_id"],
             "created_at": r["created_at"].isoformat(),
             "uri": r["uri"],
