@@ -61,7 +61,7 @@ from bench.label_audit_report import (
     recall_precision,
 )
 from bench.label_audit_sets import generate
-from evalstream.cli.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
+from evalstream.common.analysis.audit import MAJORITY, MAX_FDR, RELIABILITY, audit
 from evalstream.common.messages import Item
 
 NAME = "label_audit"

@@ -222,7 +222,7 @@ def main() -> None:
     recording.log(f"run {run.run_id}: {run.items_per_s:,.0f} items/s; measuring its pages")
     base = f"http://127.0.0.1:{benchstack.service_port('aggregator')}"
     runs = f"{base}/runs/{run.run_id}"
-    from evalstream.common import items as item_queries
+    from evalstream.common.analysis import items as item_queries
 
     served_by = asyncio.run(a_served_by(run.run_id))
     deep = item_queries.encode_cursor([3, f"r{n - 200:07d}"])

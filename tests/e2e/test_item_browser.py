@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from evalstream.common import items_html, paired, report_html, storage
+from evalstream.common import storage
+from evalstream.common.analysis import items_html, paired, report_html
 from evalstream.common.settings import Settings
 from tests.chromium import Chromium
 from tests.e2e.helpers import evalctl, submit_wait, wait_for, write_jsonl

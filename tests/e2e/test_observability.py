@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from evalstream.common import report_html, topics
+from evalstream.common import topics
+from evalstream.common.analysis import report_html
 from evalstream.common.messages import Shard, decode
 from evalstream.common.settings import Settings
 from evalstream.common.topics_admin import ensure_topics

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from evalstream.common import report_html, storage
+from evalstream.common import storage
+from evalstream.common.analysis import report_html
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from tests.chromium import Chromium, charts
 from tests.e2e.helpers import ROOT, evalctl, submit_wait, write_jsonl

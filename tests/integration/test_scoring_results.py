@@ -12,9 +12,10 @@ import asyncpg
 import pytest
 
 from evalstream.aggregator.store import ResultStore, Sourced, source_of
-from evalstream.common import db, items, items_html, scoring
+from evalstream.common import db, scoring
+from evalstream.common.analysis import items, items_html
+from evalstream.common.analysis.reports import summarise
 from evalstream.common.messages import Item, ItemResult
-from evalstream.common.reports import summarise
 from evalstream.common.settings import Settings
 from evalstream.worker.grading import get_grader
 from tests.support import admin_database_url, service_database_url, unique

@@ -61,7 +61,8 @@ def needs(service: str) -> set[tuple[str, str, str]]:
         if group:
             out.add(("group", group, "Read"))
     out |= {("topic", t, "Write") for t in published(service)}
-    return out
+    # Kafka's implication: what a service reads or writes it may also describe
+    return out | {(resource, name, "Describe") for resource, name, _ in out}
 
 
 # Beyond subscriptions and publishes, on purpose (acls.py says why).
@@ -87,7 +88,7 @@ def granted(principal: str) -> set[tuple[str, str, str]]:
         (resource, name, op)
         for resource, candidates in names.items()
         for name in candidates
-        for op in ("Read", "Write", "Create")
+        for op in ("Read", "Write", "Create", "Describe")
         if acls.allows(principal, resource, name, op)  # type: ignore[arg-type]
     }
 
@@ -100,11 +101,29 @@ def test_every_subscription_and_publish_of_a_service_is_granted_to_its_principal
     assert not missing, f"{principal} lacks {sorted(missing)}"
 
 
+def beyond_needs(service: str) -> set[tuple[str, str, str]]:
+    """What the service's principal is granted that its code does not use (the extras aside)."""
+    principal = SERVICES[service]
+    extras = EXTRAS[principal] | {
+        (r, n, "Describe") for r, n, op in EXTRAS[principal] if op in ("Read", "Write")
+    }
+    return granted(principal) - needs(service) - extras
+
+
 @pytest.mark.parametrize("service", sorted(SERVICES))
 def test_a_service_is_granted_nothing_beyond_its_needs_and_the_documented_extras(service: str) -> None:
-    principal = SERVICES[service]
-    extra = granted(principal) - needs(service) - EXTRAS[principal]
-    assert not extra, f"{principal} has grants its code does not use: {sorted(extra)}"
+    extra = beyond_needs(service)
+    assert not extra, f"{SERVICES[service]} has grants its code does not use: {sorted(extra)}"
+
+
+def test_a_describe_only_grant_beyond_the_needs_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = acls.grants()
+    planted = acls.Grant(acls.WORKER, "topic", topics.JOBS, "Describe")
+    monkeypatch.setattr(acls, "grants", lambda: (*table, planted))
+    assert beyond_needs("worker") == {("topic", topics.JOBS, "Describe")}
+    group = acls.Grant(acls.PRODUCER, "group", topics.ROUTER_GROUP, "Describe")
+    monkeypatch.setattr(acls, "grants", lambda: (*table, group))
+    assert beyond_needs("producer") == {("group", topics.ROUTER_GROUP, "Describe")}
 
 
 def test_the_issues_promises_hold() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from evalstream.cli.audit import (
+from evalstream.common.analysis.audit import (
     AGREEMENT,
     DUPLICATE,
     MAJORITY,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from evalstream.cli.compare import compare_results, mcnemar_exact, paired_bootstrap_ci
+from evalstream.common.analysis.paired import compare_results, mcnemar_exact, paired_bootstrap_ci
 
 
 def brute_mcnemar(b: int, c: int) -> float:

@@ -765,7 +765,7 @@ def _module_file(module: str, roots: list[Path]) -> Path | None:
 # that feature, and says what to install when they are missing.
 OPTIONAL_IMPORTS = {
     # `evalctl export wandb|mlflow`: the trackers' heavy packages stay out of the images
-    "cli/evalstream/cli/export.py": {"wandb", "mlflow"},
+    "cli/evalstream/cli/trackers.py": {"wandb", "mlflow"},
 }
 
 

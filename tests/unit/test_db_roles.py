@@ -24,24 +24,25 @@ SOURCES = {
     acls.USER: [ROOT / "cli"],
     acls.ROUTER: [ROOT / "services/router"],
 }
-IMPORT = re.compile(r"from evalstream\.common(?:\.(\w+))? import ([\w, ()\n]+)")
 
 
 def common_modules(files: list[Path]) -> set[Path]:
-    """libs/common modules `files` import, transitively."""
+    """libs/common modules `files` import, transitively (from subpackages too: analysis/)."""
     seen: set[Path] = set()
     todo = list(files)
     while todo:
-        text = todo.pop().read_text()
-        for module, names in IMPORT.findall(text):
-            candidates = (
-                [module]
-                if module
-                else [n.strip() for n in names.replace("(", "").replace(")", "").split(",")]
-            )
-            for name in candidates:
-                path = COMMON / f"{name}.py"
-                if name and path.exists() and path not in seen:
+        for node in ast.walk(ast.parse(todo.pop().read_text())):
+            if not (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and (node.module + ".").startswith("evalstream.common.")
+            ):
+                continue
+            package = COMMON.joinpath(*node.module.split(".")[2:])  # evalstream.common.analysis
+            # the module itself, and each name that is a module of its package
+            candidates = [package.with_suffix(".py"), *(package / f"{a.name}.py" for a in node.names)]
+            for path in candidates:
+                if path.exists() and path not in seen:
                     seen.add(path)
                     todo.append(path)
     return seen

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from evalstream.cli.export import RunExport, metrics, to_mlflow, to_wandb
+from evalstream.cli.trackers import RunExport, metrics, to_mlflow, to_wandb
 from tests.support import wandb_records
 
 SUMMARY: dict[str, Any] = {

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from evalstream.common import evidence, items, items_html, paired, report_html
-from evalstream.common.items import ComparePage, ItemFilter, ItemPage
+from evalstream.common import evidence
+from evalstream.common.analysis import compare_html, items, items_html, paired, report_html
+from evalstream.common.analysis.items import ComparePage, ItemFilter, ItemPage
+from evalstream.common.analysis.pages import CSP, CSP_HEADER, CSS, error_page, escape, head
 from evalstream.common.messages import ChatMessage, Item
 
 HOSTILE = [
@@ -128,19 +130,17 @@ def test_hostile_answers_render_as_text_on_every_page() -> None:
     pages = [
         listing,
         items_html.item_page("run-1", rows[0]),
-        items_html.compare_document(compare, ["<script>a</script>", "b"], live=True),
-        items_html.compare_document(compare, ["a", "b"], live=False),
-        items_html.error_page(404, "<script>x</script>"),
-        items_html.head("t", items_html.CSS, items_html.CSP)
-        + items_html.report_section(static, {}, live=False)
-        + "</html>",
+        compare_html.compare_document(compare, ["<script>a</script>", "b"], live=True),
+        compare_html.compare_document(compare, ["a", "b"], live=False),
+        error_page(404, "<script>x</script>"),
+        head("t", CSS, CSP) + items_html.report_section(static, {}, live=False) + "</html>",
     ]
     for page_html in pages:
         assert_inert(page_html)
     for text in HOSTILE:  # and the text itself is all there, to read
-        assert items_html._e(text) in listing
+        assert escape(text) in listing
     # the static report's rows open to the whole item, still as text
-    assert "<details class='item'>" in pages[-1] and items_html._e(HOSTILE[4]) in pages[-1]
+    assert "<details class='item'>" in pages[-1] and escape(HOSTILE[4]) in pages[-1]
 
 
 def test_every_page_carries_a_policy_naming_its_own_stylesheet() -> None:
@@ -148,7 +148,7 @@ def test_every_page_carries_a_policy_naming_its_own_stylesheet() -> None:
     for html_text in (
         items_html.items_page(page, {}),
         items_html.item_page("r", row(0, "x")),
-        items_html.error_page(400, "bad"),
+        error_page(400, "bad"),
     ):
         assert_csp_matches_style(html_text)
     data = report_html.ReportData(
@@ -162,9 +162,7 @@ def test_every_page_carries_a_policy_naming_its_own_stylesheet() -> None:
     report = report_html.render(data)
     assert_csp_matches_style(report)
     assert "<form class='filters' method='get' action='/runs/r/items'>" in report
-    assert (
-        items_html.CSP_HEADER.endswith("frame-ancestors 'none'") and "frame-ancestors" not in items_html.CSP
-    )
+    assert CSP_HEADER.endswith("frame-ancestors 'none'") and "frame-ancestors" not in CSP
 
 
 def test_rows_flag_truncated_prompts_and_clipped_text_and_show_errors() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from evalstream.common.analysis.reports import filter_scores
 from evalstream.common.evidence import MAX_DETAIL_CHARS
 from evalstream.common.gold import item_problem, resolve_grader
 from evalstream.common.graders import AUTO_GRADERS, grader_problem, grader_version
@@ -26,7 +27,6 @@ from evalstream.common.lmeval_filters import (
     grade,
 )
 from evalstream.common.messages import Item
-from evalstream.common.reports import filter_scores
 from evalstream.worker.grading import get_grader
 from evalstream.worker.grading.patterns import compile_pattern
 from evalstream.worker.grading_pool import GradeTask, GradingPool

@@ -1,4 +1,4 @@
-"""The reliability-aware gold audit: the EM estimator (evalstream.cli.reliability) on simulated
+"""The reliability-aware gold audit: the EM estimator (evalstream.common.analysis.reliability) on simulated
 answers whose truth is known, and its use by `evalctl audit` (observations, flags, ranking,
 threshold, partial runs)."""
 
@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
-from evalstream.cli.audit import AGREEMENT, MAJORITY, audit, observations, q_values, reliability_flags
-from evalstream.cli.reliability import CATEGORICAL, Observation, estimate
+from evalstream.common.analysis.audit import (
+    AGREEMENT,
+    MAJORITY,
+    audit,
+    observations,
+    q_values,
+    reliability_flags,
+)
+from evalstream.common.analysis.reliability import CATEGORICAL, Observation, estimate
 from evalstream.common.messages import Item
 from tests.unit.test_audit import grade_replay, items_of, planted_dataset, recall_precision
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from evalstream.common.report_html import LATENCY_EDGES_MS, ReportData, _nice_step, render, wilson
+from evalstream.common.analysis.report_html import LATENCY_EDGES_MS, ReportData, _nice_step, render, wilson
 
 
 def summary(**over: Any) -> dict[str, Any]:

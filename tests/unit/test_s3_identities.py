@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from evalstream.aggregator.delta import TABLE_PATH
-from evalstream.common import acls, keys, report_html, s3_identities
+from evalstream.common import acls, keys, s3_identities
+from evalstream.common.analysis import report_html
 from evalstream.common.settings import S3Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,12 +19,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from evalstream.common import items_html, scoring
+from evalstream.common import scoring
+from evalstream.common.analysis import items_html
+from evalstream.common.analysis.reports import scores_from_sums
 from evalstream.common.gold import item_problem, resolve_grader
 from evalstream.common.graders import grader_version
 from evalstream.common.keys import cache_key, score_cache_key
 from evalstream.common.messages import GenerationParams, Item, Shard
-from evalstream.common.reports import scores_from_sums
 from evalstream.worker.batching import ScorePass, plan_score_passes, rows_per_pass, score_bucket
 from evalstream.worker.cache import CachedAnswer, score_entry, score_from_entry
 from evalstream.worker.engines import EngineConfigError

@@ -81,14 +81,19 @@ ENVIRONMENT_TOUCHES = {
     # the grading pool's children get a copy of the few variables Python needs to start
     "services/worker/evalstream/worker/grading_pool.py": "os.environ.items()",
     # MLflow's own switch for a file store, set for the library (a write, not a setting)
-    "cli/evalstream/cli/export.py": "os.environ.setdefault(",
+    "cli/evalstream/cli/trackers.py": "os.environ.setdefault(",
     # the task reader's child process gets the few variables Python needs, no credential
     "libs/common/evalstream/common/lmeval/isolation.py": "for k in _INHERITED",
 }
 
 
-def test_every_variable_is_read_through_settings() -> None:
-    root = Path(__file__).resolve().parents[2]
+# A read of the environment: os.environ, getenv (os.getenv, or imported), environ imported from os.
+ENVIRONMENT_READ = re.compile(r"os\.environ\b|getenv\(|\bfrom\s+os\s+import\b.*\b(environ|getenv)\b")
+
+
+def environment_reads(root: Path) -> list[str]:
+    """path:line: text of every line of the product that reads the environment outside
+    settings.py and ENVIRONMENT_TOUCHES."""
     found = []
     for top in ("services", "libs", "cli"):
         for path in sorted((root / top).rglob("*.py")):
@@ -97,9 +102,24 @@ def test_every_variable_is_read_through_settings() -> None:
                 continue
             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 code = line.split("#", 1)[0]
-                if (
-                    re.search(r"os\.environ\b|getenv\(", code)
-                    and ENVIRONMENT_TOUCHES.get(rel, "\0") not in code
-                ):
+                if ENVIRONMENT_READ.search(code) and ENVIRONMENT_TOUCHES.get(rel, "\0") not in code:
                     found.append(f"{rel}:{n}: {line.strip()}")
+    return found
+
+
+def test_every_variable_is_read_through_settings() -> None:
+    found = environment_reads(Path(__file__).resolve().parents[2])
     assert found == [], "environment read outside settings.py:\n" + "\n".join(found)
+
+
+def test_the_check_finds_every_way_of_reading_the_environment(tmp_path: Path) -> None:
+    module = tmp_path / "services/router/evalstream/router/bad.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("import os\nx = 1  # os.environ in a comment is no read\n")
+    assert environment_reads(tmp_path) == []
+    module.write_text(
+        "import os\nfrom os import environ\nfrom os import getenv as g, sep\na = os.environ['A']\nb = os.getenv('B')\n"
+    )
+    assert [f.split(": ")[0] for f in environment_reads(tmp_path)] == [
+        f"services/router/evalstream/router/bad.py:{n}" for n in (2, 3, 4, 5)
+    ]

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from evalstream.cli.datasets_cmd import diff_items, read_items
 from evalstream.common import graders
+from evalstream.common.analysis.versions import diff_items, read_items
 from evalstream.common.datasets import load_dataset, write_stored_copy
 from evalstream.common.messages import ChatMessage, Item
 from tests.support import sample_path

@@ -1,8 +1,10 @@
 """What every evalctl command shares: exit codes and failing, JSON output, reading a run, waiting
-for one with a progress bar, printing a summary, reading the fleet's heartbeats."""
+for one with a progress bar, printing a summary, reading the fleet's heartbeats, and the
+label audit's cut arguments (audit, report --exclude-flagged)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -17,11 +19,37 @@ from aiokafka import AIOKafkaConsumer
 
 from evalstream.cli.progress import ProgressBar
 from evalstream.common import topics
+from evalstream.common.analysis import queries
+from evalstream.common.analysis.audit import MAX_FDR
+from evalstream.common.analysis.reports import summarise
 from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import topic_partitions
 from evalstream.common.messages import Heartbeat, decode
-from evalstream.common.reports import summarise
 from evalstream.common.settings import KafkaSettings, Settings
+
+
+def probability(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability between 0 and 1")
+    return value
+
+
+def add_cut_arguments(p: argparse.ArgumentParser) -> None:
+    """--fdr and --threshold: where the reliability audit cuts (audit, report --exclude-flagged)."""
+    p.add_argument(
+        "--fdr",
+        type=probability,
+        default=MAX_FDR,
+        help="reliability: flag the most items whose estimated share of false alarms stays at or "
+        f"under this rate (default {MAX_FDR})",
+    )
+    p.add_argument(
+        "--threshold",
+        type=probability,
+        help="reliability: instead of --fdr, flag every item whose gold is wrong with at least this probability",
+    )
 
 
 @asynccontextmanager
@@ -48,7 +76,7 @@ def out_json(value: Any) -> None:
 
 
 async def run_row(conn: asyncpg.Connection, run_id: str) -> asyncpg.Record:
-    row = await conn.fetchrow("SELECT * FROM runs WHERE run_id = $1", run_id)
+    row = await queries.run(conn, run_id)
     if row is None:
         fail(f"no run {run_id!r}")
     return row
@@ -61,12 +89,7 @@ async def wait_for_run(
     deadline = time.monotonic() + timeout if timeout else None
     async with database(settings) as conn:
         while True:
-            row = await conn.fetchrow(
-                # `recorded` is kept by the aggregator: no count over the run's rows
-                "SELECT status, total, problems, recorded AS done, (SELECT count(*) FROM dead_letters d"
-                " WHERE d.run_id = r.run_id AND d.redriven_at IS NULL) AS failed FROM runs r WHERE run_id = $1",
-                run_id,
-            )
+            row = await queries.progress(conn, run_id)  # no count over the run's rows
             if row is not None and row["status"] == "rejected":
                 bar.close()
                 problems = json.loads(row["problems"] or "[]")

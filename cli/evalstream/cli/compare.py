@@ -13,103 +13,24 @@ comparing two accuracies as if they were independent samples:
 A failed item counts as wrong (score 0), as in the run's own accuracy.
 """
 
+# The statistics and the comparison: evalstream.common.analysis.paired.
+
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from evalstream.cli.common import database, out_json, run_row
-from evalstream.common import items, items_html
-from evalstream.common.paired import (
-    BOOTSTRAP_RESAMPLES,
-    BOOTSTRAP_SEED,
-    CONFIDENCE,
-    mcnemar_exact,
-    paired_bootstrap_ci,
-)
+from evalstream.common.analysis import compare_html, items
+from evalstream.common.analysis.compare import load_results
+from evalstream.common.analysis.paired import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare_results
 from evalstream.common.settings import Settings
 
-__all__ = ["compare_results", "load_results", "mcnemar_exact", "paired_bootstrap_ci"]
-
 SHOWN = 10  # item ids printed per list (--json has them all)
-
-Result = Mapping[str, Any]  # a row of item_results: item_id, response, extracted, correct, score, error
-
-
-def _right(r: Result) -> bool:
-    return r.get("error") is None and bool(r.get("correct"))
-
-
-def _score(r: Result) -> float:
-    return 0.0 if r.get("error") is not None else float(r.get("score") or 0.0)
-
-
-def compare_results(
-    a: Sequence[Result],
-    b: Sequence[Result],
-    *,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> dict[str, Any]:
-    """Per-item differences and the paired statistics over the items both runs have."""
-    by_a = {str(r["item_id"]): r for r in a}
-    by_b = {str(r["item_id"]): r for r in b}
-    common = sorted(by_a.keys() & by_b.keys())
-    pairs = [(by_a[i], by_b[i]) for i in common]
-    answer_changed = [
-        i for i, (x, y) in zip(common, pairs, strict=True) if x.get("response") != y.get("response")
-    ]
-    extracted_changed = [
-        i for i, (x, y) in zip(common, pairs, strict=True) if x.get("extracted") != y.get("extracted")
-    ]
-    a_only = [i for i, (x, y) in zip(common, pairs, strict=True) if _right(x) and not _right(y)]
-    b_only = [i for i, (x, y) in zip(common, pairs, strict=True) if _right(y) and not _right(x)]
-    score_changed = [i for i, (x, y) in zip(common, pairs, strict=True) if _score(x) != _score(y)]
-    a_scores = [_score(x) for x, _ in pairs]
-    b_scores = [_score(y) for _, y in pairs]
-    acc_a = math.fsum(a_scores) / len(common) if common else None
-    acc_b = math.fsum(b_scores) / len(common) if common else None
-    ci = paired_bootstrap_ci(a_scores, b_scores, resamples=resamples, seed=seed)
-    return {
-        "items": {
-            "a": len(by_a),
-            "b": len(by_b),
-            "common": len(common),
-            "only_in_a": sorted(by_a.keys() - by_b.keys()),
-            "only_in_b": sorted(by_b.keys() - by_a.keys()),
-        },
-        "identical_responses": len(common) - len(answer_changed),
-        "answer_changed": answer_changed,
-        "extracted_changed": extracted_changed,
-        "score_changed": score_changed,
-        "flips": {"right_in_a_only": a_only, "right_in_b_only": b_only},
-        "accuracy": {
-            "a": _round(acc_a),
-            "b": _round(acc_b),
-            "delta": _round(acc_b - acc_a) if acc_a is not None and acc_b is not None else None,
-            "ci": list(ci) if ci else None,
-            "confidence": CONFIDENCE,
-            "bootstrap": {"resamples": resamples, "seed": seed},
-        },
-        "mcnemar": {
-            "right_in_a_only": len(a_only),
-            "right_in_b_only": len(b_only),
-            "p_value": round(mcnemar_exact(len(a_only), len(b_only)), 6),
-        },
-    }
-
-
-def _round(x: float | None) -> float | None:
-    return round(x, 6) if x is not None else None
-
-
-# --------------------------------------------------------------------------- output
 
 
 def _ids(ids: list[str]) -> str:
@@ -148,18 +69,6 @@ def print_comparison(c: dict[str, Any], label_a: str, label_b: str) -> None:
     )
 
 
-# --------------------------------------------------------------------------- command
-
-
-async def load_results(conn: asyncpg.Connection, run_id: str) -> list[dict[str, Any]]:
-    rows = await conn.fetch(
-        "SELECT item_id, response, extracted, correct, score, error, cache_hit, served_by, model_revision"
-        " FROM item_results WHERE run_id = $1 ORDER BY item_id",
-        run_id,
-    )
-    return [dict(r) for r in rows]
-
-
 async def cmd_compare(args: argparse.Namespace, settings: Settings) -> None:
     async with database(settings) as conn:
         runs = [await run_row(conn, r) for r in (args.run_a, args.run_b)]
@@ -184,7 +93,7 @@ async def write_html(
     )
     flips = comparison["mcnemar"]["right_in_a_only"] + comparison["mcnemar"]["right_in_b_only"]
     note = f"the first {len(page.rows)} of {flips} flipped items" if page.next_after else ""
-    path.write_text(items_html.compare_document(page, labels, live=False, note=note), encoding="utf-8")
+    path.write_text(compare_html.compare_document(page, labels, live=False, note=note), encoding="utf-8")
     print(f"wrote {path}", file=sys.stderr)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json, print_report, run_row, wait_for_run
 from evalstream.common import storage, topics
+from evalstream.common.analysis import queries
 from evalstream.common.gold import canonical_grader, item_problem
 from evalstream.common.graders import grader_problem
 from evalstream.common.jobs import new_run_id, publish_traced
@@ -48,11 +49,7 @@ async def check_items(settings: Settings, run: Any, grader: str) -> None:
         fail(str(exc), EXIT_REJECTED)
     by_id = {i.id: i for i in items}
     async with database(settings) as conn:
-        answered = await conn.fetch(
-            "SELECT item_id FROM item_results WHERE run_id = $1 AND error IS NULL AND response IS NOT NULL"
-            " ORDER BY item_id",
-            run["run_id"],
-        )
+        answered = await queries.answered_ids(conn, run["run_id"])
     problems = [p for r in answered if (i := by_id.get(r["item_id"])) and (p := item_problem(grader, i))]
     if problems:
         shown = "\n  ".join(problems[:MAX_SHOWN]) + (
@@ -66,14 +63,7 @@ async def check_items(settings: Settings, run: Any, grader: str) -> None:
 async def verdicts_changed(settings: Settings, run_id: str, new_id: str) -> tuple[int, int]:
     """(items whose verdict differs, answered items the new grader could not grade)."""
     async with database(settings) as conn:
-        row = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE a.correct IS DISTINCT FROM b.correct) AS changed,"
-            " count(*) FILTER (WHERE a.error IS NULL AND b.error IS NOT NULL) AS newly_failed"
-            " FROM item_results a JOIN item_results b ON b.item_id = a.item_id AND b.run_id = $2"
-            " WHERE a.run_id = $1",
-            run_id,
-            new_id,
-        )
+        row = await queries.verdicts_changed(conn, run_id, new_id)
     return row["changed"], row["newly_failed"]
 
 

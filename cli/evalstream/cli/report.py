@@ -6,11 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from evalstream.cli.audit import accuracy_without_flagged, add_cut_arguments
-from evalstream.cli.common import EXIT_REJECTED, database, fail, out_json, print_report, run_row
-from evalstream.cli.datasets_cmd import DatasetRefError
-from evalstream.common import report_html
-from evalstream.common.reports import summarise
+from evalstream.cli.common import (
+    EXIT_REJECTED,
+    add_cut_arguments,
+    database,
+    fail,
+    out_json,
+    print_report,
+    run_row,
+)
+from evalstream.common.analysis import report_html
+from evalstream.common.analysis.audit_runs import accuracy_without_flagged
+from evalstream.common.analysis.reports import summarise
+from evalstream.common.analysis.versions import DatasetRefError
 from evalstream.common.settings import Settings
 
 

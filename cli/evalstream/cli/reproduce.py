@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
 import msgspec
 
 from evalstream.cli.common import (
@@ -35,14 +34,13 @@ from evalstream.cli.common import (
     run_row,
     wait_for_run,
 )
-from evalstream.cli.compare import compare_results, load_results
 from evalstream.common import fleet, storage
+from evalstream.common.analysis.compare import reproduction_report
 from evalstream.common.graders import effective_templates, grader_problem, grader_version, graders_for
 from evalstream.common.jobs import new_run_id, publish_job
-from evalstream.common.manifest import Request, code_version, manifest_differences, request_from_manifest
+from evalstream.common.manifest import Request, code_version, request_from_manifest
 from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy, TaskSource
 from evalstream.common.regrading import StoredCopyError, run_items
-from evalstream.common.reports import served_revisions
 from evalstream.common.settings import Settings
 from evalstream.common.specs import serves, spec_problem
 
@@ -160,53 +158,7 @@ async def serving_groups(settings: Settings, model: str) -> list[str]:
     )
 
 
-# --------------------------------------------------------------------------- comparison
-
-
-async def reproduction_report(conn: asyncpg.Connection, original: str, new: str) -> dict[str, Any]:
-
-    runs = {
-        r["run_id"]: r
-        for r in await conn.fetch("SELECT * FROM runs WHERE run_id = ANY($1::text[])", [original, new])
-    }
-    results = [await load_results(conn, r) for r in (original, new)]
-    c = compare_results(*results)
-    revisions = [await served_revisions(conn, r) for r in (original, new)]
-    manifests = [json.loads(runs[r]["manifest"]) for r in (original, new)]
-    differences = (
-        manifest_differences(*manifests)
-        if all(m.get("manifest_version", 1) >= 2 for m in manifests)
-        else ["manifest_version"]
-    )
-    common = c["items"]["common"]
-    return {
-        "original": original,
-        "reproduction": new,
-        "items": common,
-        "identical_answers": c["identical_responses"],
-        "all_identical": c["identical_responses"] == common == len(results[0]) == len(results[1]),
-        "accuracy": {
-            "original": c["accuracy"]["a"],
-            "reproduction": c["accuracy"]["b"],
-            "delta": c["accuracy"]["delta"],
-        },
-        "cache_hits": {
-            "original": sum(r["cache_hit"] for r in results[0]),
-            "reproduction": sum(r["cache_hit"] for r in results[1]),
-        },
-        "manifest_sha256": {
-            "original": runs[original]["manifest_sha256"],
-            "reproduction": runs[new]["manifest_sha256"],
-            "identical": runs[original]["manifest_sha256"] == runs[new]["manifest_sha256"],
-            "differences": differences,
-        },
-        "served_revisions": {
-            "original": revisions[0],
-            "reproduction": revisions[1],
-            "identical": revisions[0] == revisions[1],
-        },
-        "comparison": c,
-    }
+# --------------------------------------------------------------------------- output
 
 
 def print_reproduction(r: dict[str, Any]) -> None:

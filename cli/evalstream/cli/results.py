@@ -14,6 +14,7 @@ from evalstream.cli.common import (
     fail,
     run_row,
 )
+from evalstream.common.analysis import queries
 from evalstream.common.results import EXPORT_COLUMNS, arrow_schema
 from evalstream.common.settings import Settings
 
@@ -21,10 +22,7 @@ from evalstream.common.settings import Settings
 async def cmd_results(args: argparse.Namespace, settings: Settings) -> None:
     async with database(settings) as conn:
         await run_row(conn, args.run)
-        rows = await conn.fetch(
-            f"SELECT {', '.join(EXPORT_COLUMNS)} FROM item_results WHERE run_id = $1 ORDER BY item_id",
-            args.run,
-        )
+        rows = await queries.results(conn, args.run, EXPORT_COLUMNS)
     records = [dict(r) for r in rows]
     if args.format == "parquet":
         if not args.output:

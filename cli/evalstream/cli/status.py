@@ -12,18 +12,14 @@ from evalstream.cli.common import (
     out_json,
     run_row,
 )
+from evalstream.common.analysis import queries
 from evalstream.common.settings import Settings
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> None:
     async with database(settings) as conn:
         run = await run_row(conn, args.run)
-        agg = await conn.fetchrow(
-            "SELECT count(*) AS done, count(*) FILTER (WHERE error IS NOT NULL) AS failed,"
-            " count(*) FILTER (WHERE attempts > 1) AS retried, count(*) FILTER (WHERE cache_hit) AS cache_hits,"
-            " min(recorded_at) AS first, max(recorded_at) AS last FROM item_results WHERE run_id = $1",
-            args.run,
-        )
+        agg = await queries.status_counts(conn, args.run)
         dead = await conn.fetchval("SELECT count(*) FROM dead_letters WHERE run_id = $1", args.run)
     start = run["published_at"] or run["created_at"]
     elapsed = ((agg["last"] if run["status"] == "completed" else None) or _now(start)) - start

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import msgspec
 
-from evalstream.cli import export
 from evalstream.cli.common import (
     EXIT_REJECTED,
     fail,
@@ -18,6 +17,7 @@ from evalstream.cli.common import (
     print_report,
     wait_for_run,
 )
+from evalstream.cli.trackers import export_on_completion
 from evalstream.common import intake_limits, storage
 from evalstream.common.datasets import DatasetError, load_dataset
 from evalstream.common.jobs import job_problems, new_run_id, publish_job
@@ -68,7 +68,7 @@ async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
         return
     summary = await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
     if args.export:  # opt-in: the completed run goes to the trackers named, with their defaults
-        await export.export_on_completion(settings, run_id, args.export)
+        await export_on_completion(settings, run_id, args.export)
     if args.json:
         out_json(summary)
     else:
@@ -169,7 +169,7 @@ async def submit_tasks(args: argparse.Namespace, settings: Settings) -> None:
     for task_name, run_id in runs:
         summary = await wait_for_run(settings, run_id, timeout=args.timeout, quiet=args.json)
         if args.export:
-            await export.export_on_completion(settings, run_id, args.export)
+            await export_on_completion(settings, run_id, args.export)
         summaries.append({**summary, "task": task_name})
         if not args.json:
             print_report(summary)

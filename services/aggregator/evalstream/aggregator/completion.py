@@ -15,7 +15,8 @@ from minio import Minio
 
 from evalstream.aggregator import objects
 from evalstream.aggregator.store import ResultStore, Written
-from evalstream.common import report_html, storage
+from evalstream.common import storage
+from evalstream.common.analysis import report_html
 from evalstream.common.messages import ItemResult
 from evalstream.common.metrics import (
     ITEMS,

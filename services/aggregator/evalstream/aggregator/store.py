@@ -15,9 +15,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from evalstream.common.analysis.reports import summarise
 from evalstream.common.messages import ItemResult
 from evalstream.common.names import is_plain_name
-from evalstream.common.reports import summarise
 from evalstream.common.results import RESULT_COLUMNS, pg_type
 
 # One statement per window: every column as an array, unnested server-side, plus the row's

@@ -25,8 +25,8 @@ from typing import Any
 import asyncpg
 from faststream.asgi import AsgiResponse
 
-from evalstream.common import items, items_html, report_html
-from evalstream.common.reports import summarise
+from evalstream.common.analysis import compare_html, items, items_html, pages, queries, report_html
+from evalstream.common.analysis.reports import summarise
 
 log = logging.getLogger("evalstream.aggregator.web")
 MAX_PATH_CHARS = 2_000
@@ -53,7 +53,7 @@ def _headers(content_type: str, csp: str) -> dict[str, str]:
     }
 
 
-def _html(page: str, csp: str = items_html.CSP_HEADER) -> AsgiResponse:
+def _html(page: str, csp: str = pages.CSP_HEADER) -> AsgiResponse:
     return AsgiResponse(page.encode(), 200, _headers("text/html; charset=utf-8", csp))
 
 
@@ -79,7 +79,7 @@ _report_cache: OrderedDict[tuple[str, datetime], report_html.ReportData] = Order
 
 
 async def report(pool: asyncpg.Pool, run_id: str) -> AsgiResponse:
-    row = await pool.fetchrow("SELECT status, summary, updated_at FROM runs WHERE run_id = $1", run_id)
+    row = await queries.run(pool, run_id, "status, summary, updated_at")
     if row is None:
         raise KeyError(run_id)
     key = (run_id, row["updated_at"])
@@ -106,7 +106,7 @@ async def report(pool: asyncpg.Pool, run_id: str) -> AsgiResponse:
 
 
 async def item_list(pool: asyncpg.Pool, run_id: str, params: dict[str, str]) -> AsgiResponse:
-    run = await pool.fetchrow("SELECT status, model, total FROM runs WHERE run_id = $1", run_id)
+    run = await queries.run(pool, run_id, "status, model, total")
     if run is None:
         raise KeyError(run_id)
     try:
@@ -127,17 +127,12 @@ async def one_item(pool: asyncpg.Pool, run_id: str, item_id: str, *, as_text: bo
         raise KeyError(item_id)
     if as_text:
         body = (item.get("response") or "").encode()
-        return AsgiResponse(body, 200, _headers("text/plain; charset=utf-8", items_html.TEXT_CSP_HEADER))
+        return AsgiResponse(body, 200, _headers("text/plain; charset=utf-8", pages.TEXT_CSP_HEADER))
     return _html(items_html.item_page(run_id, item))
 
 
 async def compare(pool: asyncpg.Pool, run_a: str, run_b: str, params: dict[str, str]) -> AsgiResponse:
-    runs = {
-        r["run_id"]: r
-        for r in await pool.fetch(
-            "SELECT run_id, model, status FROM runs WHERE run_id = ANY($1::text[])", [run_a, run_b]
-        )
-    }
+    runs = {r["run_id"]: r for r in await queries.runs(pool, [run_a, run_b], "run_id, model, status")}
     for run_id in (run_a, run_b):
         if run_id not in runs:
             raise KeyError(run_id)
@@ -148,7 +143,7 @@ async def compare(pool: asyncpg.Pool, run_a: str, run_b: str, params: dict[str, 
     except ValueError as exc:
         raise HttpError(400, str(exc)) from exc
     labels = [f"{r} ({runs[r]['model']}, {runs[r]['status']})" for r in (run_a, run_b)]
-    return _html(items_html.compare_document(page, labels, live=True))
+    return _html(compare_html.compare_document(page, labels, live=True))
 
 
 def path_parts(scope: Any) -> list[str]:
@@ -202,7 +197,7 @@ def routes(pool: PoolGetter) -> Sequence[tuple[str, Route]]:
 
 def _error(status: int, message: str) -> AsgiResponse:
     return AsgiResponse(
-        items_html.error_page(status, message).encode(),
+        pages.error_page(status, message).encode(),
         status,
-        _headers("text/html; charset=utf-8", items_html.CSP_HEADER),
+        _headers("text/html; charset=utf-8", pages.CSP_HEADER),
     )

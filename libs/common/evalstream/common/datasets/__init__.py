@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from evalstream.common.analysis.questions import normalise
 from evalstream.common.datasets.formats import Format
 from evalstream.common.datasets.problems import MAX_PROBLEMS_SHOWN, DatasetError, Problem, Unit
 from evalstream.common.datasets.scan import (
@@ -25,7 +26,6 @@ from evalstream.common.datasets.scan import (
     ItemSink,
     content_sha256,
     legacy_content_sha256,
-    normalise,
     scan_dataset,
 )
 from evalstream.common.messages import Item, encode

@@ -16,7 +16,6 @@ its stored copy; `load_dataset` keeps them in a list for callers that want them 
 from __future__ import annotations
 
 import hashlib
-import string
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
+from evalstream.common.analysis.questions import normalise, question_key
 from evalstream.common.datasets.fields import GENERIC_FIELDS, HUMANEVAL_FIELDS, Fields, quiet_id
 from evalstream.common.datasets.formats import Format, open_records
 from evalstream.common.datasets.problems import DatasetError, Problem, Report, by_line
@@ -35,10 +35,6 @@ MAX_UNKNOWN_FIELDS = 100  # distinct unknown field names reported (one warning e
 MAX_CONFLICT_WARNINGS = 1000  # repeated questions with different answers, reported one by one
 
 ItemSink = Callable[[Item, bytes], None]  # (item, its JSON as stored and published)
-
-_END_PUNCTUATION = (
-    string.punctuation + " \u00bf\u00a1\u2026\u201c\u201d\u2018\u2019\u00ab\u00bb\u3002\uff1f\uff01"
-)
 
 
 @dataclass(frozen=True)
@@ -55,11 +51,6 @@ class DatasetScan:
     items: int
     warnings: list[Problem]
     filename: str
-
-
-def normalise(text: str) -> str:
-    """For spotting repeated questions: case, spacing and end punctuation do not count."""
-    return " ".join(text.lower().split()).strip(_END_PUNCTUATION)
 
 
 def canonical(item: Item) -> bytes:
@@ -97,11 +88,8 @@ def _hash64(text: str) -> int:
 
 
 def _question_key(item: Item) -> bytes:
-    if item.messages is not None:
-        text = "\n".join(f"{m.role}: {m.content}" for m in item.messages)
-    else:
-        text = item.question or ""
-    return hashlib.blake2b(msgspec.json.encode((normalise(text), item.choices)), digest_size=16).digest()
+    """A fixed-size digest of the question's key (the audit's rule: analysis.questions)."""
+    return hashlib.blake2b(msgspec.json.encode(question_key(item)), digest_size=16).digest()
 
 
 class _SetChecks:

@@ -13,18 +13,19 @@ Served by the aggregator at /runs/<run_id>/report.html, saved next to report.jso
 
 from __future__ import annotations
 
-import html
 import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
-from evalstream.common import items, items_html, keys
-from evalstream.common.reports import summarise
+from evalstream.common import keys
+from evalstream.common.analysis import items, items_html, pages, queries
+from evalstream.common.analysis.charts import bar_chart, column_chart, line_chart
+from evalstream.common.analysis.charts import escape_label as _e
+from evalstream.common.analysis.reports import summarise
 
 # Latency histogram edges in ms: the Prometheus buckets (10 ms .. 60 s) and a few below, so
 # that cached and null-model answers (about 0 ms) show where they are.
@@ -66,21 +67,6 @@ def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-_LATENCY_SQL = """
-SELECT width_bucket(latency_ms, $2::float8[]) AS b, count(*) AS n
-FROM item_results WHERE run_id = $1 AND error IS NULL GROUP BY b
-"""
-_TIMELINE_SQL = """
-SELECT floor(greatest(0, extract(epoch FROM recorded_at - $2::timestamptz)) / $3)::int AS b,
-       count(*) AS n, count(*) FILTER (WHERE error IS NOT NULL) AS failed
-FROM item_results WHERE run_id = $1 GROUP BY b ORDER BY b
-"""
-_FAILURES_SQL = """
-SELECT item_id, error, attempts, served_by, category FROM item_results
-WHERE run_id = $1 AND error IS NOT NULL ORDER BY item_id LIMIT $2
-"""
-
-
 async def collect(
     conn: asyncpg.Connection | asyncpg.Pool,
     run_id: str,
@@ -93,14 +79,9 @@ async def collect(
     summary = summary or await summarise(conn, run_id)
     edges = [float(e) for e in LATENCY_EDGES_MS]
     counts = [0] * (len(edges) + 1)
-    for r in await conn.fetch(_LATENCY_SQL, run_id, edges):
+    for r in await conn.fetch(queries.LATENCY_HISTOGRAM, run_id, edges):
         counts[r["b"]] += r["n"]
-    times = await conn.fetchrow(
-        "SELECT coalesce(r.published_at, r.created_at) AS start, max(i.recorded_at) AS last"
-        " FROM runs r LEFT JOIN item_results i ON i.run_id = r.run_id WHERE r.run_id = $1"
-        " GROUP BY r.published_at, r.created_at",
-        run_id,
-    )
+    times = await conn.fetchrow(queries.RUN_SPAN, run_id)
     timeline: list[tuple[float, int, int]] = []
     step = 1.0
     if times is not None and times["last"] is not None:
@@ -108,11 +89,11 @@ async def collect(
         step = _nice_step(span_s / TIMELINE_BUCKETS)
         rows = {
             r["b"]: (r["n"], r["failed"])
-            for r in await conn.fetch(_TIMELINE_SQL, run_id, times["start"], step)
+            for r in await conn.fetch(queries.TIMELINE, run_id, times["start"], step)
         }
         # dense, so that a quiet stretch shows as zero instead of a line drawn across it
         timeline = [(b * step, *rows.get(b, (0, 0))) for b in range(max(rows, default=-1) + 1)]
-    failures = [dict(r) for r in await conn.fetch(_FAILURES_SQL, run_id, MAX_FAILURES_SHOWN)]
+    failures = [dict(r) for r in await conn.fetch(queries.FAILURES, run_id, MAX_FAILURES_SHOWN)]
     first = await items.item_page(
         conn, run_id, limit=items.PAGE_SIZE if live else STATIC_ITEMS_SHOWN, full=not live
     )
@@ -138,171 +119,6 @@ def _nice_step(raw: float) -> float:
         if m * 10**exp >= raw:
             return float(m * 10**exp)
     return float(10 ** (exp + 1))
-
-
-# --------------------------------------------------------------------------- SVG charts
-
-PALETTE = ("#3b6fd8", "#e07b39", "#3a9a5b", "#b84a8f", "#8a6d3b", "#4aa3b8", "#c94c4c", "#6b6bd6")
-_FONT = "font-family='system-ui,sans-serif' font-size='11'"
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _fmt(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 1000:
-        return f"{v / 1000:.3g}k"
-    return f"{v:.3g}"
-
-
-def _empty(width: int, height: int, label: str, text: str = "no data") -> str:
-    return (
-        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
-        f"viewBox='0 0 {width} {height}'><rect class='frame' x='0.5' y='0.5' width='{width - 1}' "
-        f"height='{height - 1}' fill='none' stroke='#ccc'/><text x='{width / 2}' y='{height / 2}' "
-        f"text-anchor='middle' {_FONT} fill='#888'>{_e(text)}</text></svg>"
-    )
-
-
-def bar_chart(
-    rows: Sequence[tuple[str, float, float | None, float | None, str]],
-    *,
-    label: str,
-    width: int = 640,
-    vmax: float = 1.0,
-    percent: bool = True,
-) -> str:
-    """Horizontal bars: (name, value, low, high, note) with optional interval whiskers."""
-    if not rows:
-        return _empty(width, 60, label)
-    bar_h, gap, left, right = 18, 8, 190, 150
-    height = len(rows) * (bar_h + gap) + gap + 18
-    plot_w = width - left - right
-    out = [
-        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
-        f"viewBox='0 0 {width} {height}'>"
-    ]
-    for frac in (0, 0.25, 0.5, 0.75, 1.0):
-        x = left + frac * plot_w
-        tick = f"{frac * vmax:.0%}" if percent else _fmt(frac * vmax)
-        out.append(
-            f"<line x1='{x:.1f}' y1='{gap}' x2='{x:.1f}' y2='{height - 18}' stroke='#eee'/>"
-            f"<text x='{x:.1f}' y='{height - 4}' text-anchor='middle' {_FONT} fill='#666'>{tick}</text>"
-        )
-    for i, (name, value, lo, hi, note) in enumerate(rows):
-        y = gap + i * (bar_h + gap)
-        w = max(0.0, min(1.0, value / vmax if vmax else 0.0)) * plot_w
-        shown = f"{value:.1%}" if percent else _fmt(value)
-        out.append(
-            f"<text x='{left - 6}' y='{y + bar_h - 5}' text-anchor='end' {_FONT}>{_e(name[:32])}</text>"
-            f"<rect class='bar' x='{left}' y='{y}' width='{max(w, 1.0):.1f}' height='{bar_h}' "
-            f"fill='{PALETTE[i % len(PALETTE)]}'><title>{_e(name)}: {_e(shown)} {_e(note)}</title></rect>"
-        )
-        if lo is not None and hi is not None:
-            x1, x2 = left + lo / vmax * plot_w, left + hi / vmax * plot_w
-            ym = y + bar_h / 2
-            out.append(
-                f"<path class='whisker' d='M{x1:.1f},{ym - 5}v10M{x1:.1f},{ym}H{x2:.1f}M{x2:.1f},{ym - 5}v10' "
-                f"stroke='#222' fill='none'/>"
-            )
-        out.append(f"<text x='{left + plot_w + 8}' y='{y + bar_h - 5}' {_FONT}>{_e(shown)} {_e(note)}</text>")
-    out.append("</svg>")
-    return "".join(out)
-
-
-def column_chart(
-    labels: Sequence[str], values: Sequence[float], *, label: str, width: int = 640, height: int = 220
-) -> str:
-    """Vertical bars over categorical x (a histogram's buckets)."""
-    if not values or not any(values):
-        return _empty(width, height, label)
-    left, bottom, top = 44, 58, 10
-    plot_w, plot_h = width - left - 40, height - bottom - top
-    vmax = max(values)
-    slot = plot_w / len(values)
-    out = [
-        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
-        f"viewBox='0 0 {width} {height}'>",
-        f"<line x1='{left}' y1='{top + plot_h}' x2='{width - 10}' y2='{top + plot_h}' stroke='#999'/>",
-        f"<text x='{left - 4}' y='{top + 8}' text-anchor='end' {_FONT}>{_fmt(vmax)}</text>",
-    ]
-    for i, (name, v) in enumerate(zip(labels, values, strict=True)):
-        h = v / vmax * plot_h if vmax else 0
-        x = left + i * slot
-        out.append(
-            f"<rect class='bar' x='{x + 1:.1f}' y='{top + plot_h - h:.1f}' width='{max(slot - 2, 1):.1f}' "
-            f"height='{h:.1f}' fill='{PALETTE[0]}'><title>{_e(name)}: {v:g}</title></rect>"
-            f"<text transform='translate({x + slot / 2:.1f},{top + plot_h + 12}) rotate(35)' {_FONT} "
-            f"fill='#555'>{_e(name)}</text>"
-        )
-    out.append("</svg>")
-    return "".join(out)
-
-
-def line_chart(
-    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
-    *,
-    label: str,
-    width: int = 640,
-    height: int = 220,
-    x_is_time: bool = False,
-    y_unit: str = "",
-) -> str:
-    """Lines over a numeric x (seconds, or unix time with x_is_time)."""
-    points = [p for _, pts in series for p in pts if math.isfinite(p[1])]
-    if not points:
-        return _empty(width, height, label)
-    left, bottom, top, right = 52, 26, 10, 150
-    plot_w, plot_h = width - left - right, height - bottom - top
-    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
-    y1 = max(max(p[1] for p in points), 0.0)
-    y0 = min(min(p[1] for p in points), 0.0)
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y1 = y0 + 1
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * plot_w
-
-    def sy(y: float) -> float:
-        return top + plot_h - (y - y0) / (y1 - y0) * plot_h
-
-    def xtick(x: float) -> str:
-        if x_is_time:
-            return datetime.fromtimestamp(x, UTC).strftime("%H:%M:%S")
-        return f"{x:g}s"
-
-    out = [
-        f"<svg class='chart' role='img' aria-label='{_e(label)}' width='{width}' height='{height}' "
-        f"viewBox='0 0 {width} {height}'>",
-        f"<line x1='{left}' y1='{top + plot_h}' x2='{left + plot_w}' y2='{top + plot_h}' stroke='#999'/>",
-        f"<line x1='{left}' y1='{top}' x2='{left}' y2='{top + plot_h}' stroke='#999'/>",
-    ]
-    for frac in (0.0, 0.5, 1.0):
-        yv = y0 + frac * (y1 - y0)
-        xv = x0 + frac * (x1 - x0)
-        out.append(
-            f"<text x='{left - 4}' y='{sy(yv) + 4:.1f}' text-anchor='end' {_FONT}>{_fmt(yv)}{_e(y_unit)}</text>"
-            f"<text x='{sx(xv):.1f}' y='{height - 8}' text-anchor='middle' {_FONT} fill='#555'>{_e(xtick(xv))}</text>"
-        )
-    for i, (name, pts) in enumerate(series):
-        good = [(x, y) for x, y in sorted(pts) if math.isfinite(y)]
-        if not good:
-            continue
-        colour = PALETTE[i % len(PALETTE)]
-        d = "M" + "L".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
-        if len(good) == 1:  # a single sample still shows
-            d += "h2"
-        out.append(
-            f"<path class='line' d='{d}' stroke='{colour}' stroke-width='2' fill='none'><title>{_e(name)}</title></path>"
-            f"<text x='{left + plot_w + 8}' y='{top + 12 + 14 * i}' {_FONT} fill='{colour}'>{_e(name[:24])}</text>"
-        )
-    out.append("</svg>")
-    return "".join(out)
 
 
 # --------------------------------------------------------------------------- page
@@ -336,10 +152,6 @@ def _card(title: str, value: str, note: str = "") -> str:
     )
 
 
-def _pct(v: float | None) -> str:
-    return f"{v:.1%}" if v is not None else "n/a"
-
-
 def _ms(v: float | None) -> str:
     return f"{v:.0f} ms" if v is not None else "n/a"
 
@@ -356,10 +168,10 @@ td.err{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-
 .grid{display:grid;grid-template-columns:1fr;gap:8px}svg.chart{display:block;max-width:100%;height:auto}
 .meta td:first-child{color:#666;width:160px}
 """
-    + items_html.TABLE_CSS
+    + pages.TABLE_CSS
 )
-CSP = items_html.content_security_policy(_CSS)
-CSP_HEADER = items_html.content_security_policy(_CSS, header=True)
+CSP = pages.content_security_policy(_CSS)
+CSP_HEADER = pages.content_security_policy(_CSS, header=True)
 
 
 def render(data: ReportData) -> str:
@@ -379,11 +191,11 @@ def render(data: ReportData) -> str:
         [
             _card(
                 "accuracy",
-                _pct(acc),
+                pages.pct(acc),
                 f"95% CI {lo:.1%} – {hi:.1%} (Wilson, n={total})" if acc is not None else "",
             ),
             _card("items", f"{recorded} / {total}", f"{succeeded} answered, {failed} failed"),
-            _card("cache hit rate", _pct(cache_rate), f"{cache_hits} of {succeeded} answers"),
+            _card("cache hit rate", pages.pct(cache_rate), f"{cache_hits} of {succeeded} answers"),
             _card(
                 "latency p50", _ms(lat.get("p50")), f"p95 {_ms(lat.get('p95'))}, p99 {_ms(lat.get('p99'))}"
             ),
@@ -439,7 +251,7 @@ def render(data: ReportData) -> str:
         ("created", s.get("created_at")),
         ("completed", s.get("completed_at")),
         ("tokens in / out", f"{tokens.get('prompt', 0)} / {tokens.get('completion', 0)}"),
-        ("accuracy (answered only)", _pct(s.get("accuracy_answered"))),
+        ("accuracy (answered only)", pages.pct(s.get("accuracy_answered"))),
         ("dataset sha256", s.get("dataset_sha256")),
         ("manifest sha256", s.get("manifest_sha256")),
         ("report generated", data.generated_at),
@@ -451,7 +263,7 @@ def render(data: ReportData) -> str:
     by_served = _breakdown_rows(s.get("by_served_by") or {})
     items_section = items_html.report_section(data.items, data.facets, live=data.live) if data.items else ""
     return (
-        items_html.head(title, _CSS, CSP)
+        pages.head(title, _CSS, CSP)
         + f"""<body>
 <h1>Run {_e(s["run_id"])}{f" — {_e(s['name'])}" if s.get("name") else ""}</h1>
 <div class="sub">model {_e(s.get("model"))} · grader {_e(s.get("grader"))} · {_e(s.get("status"))}</div>

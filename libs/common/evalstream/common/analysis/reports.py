@@ -26,45 +26,14 @@ from typing import Any
 import asyncpg
 
 from evalstream.common import scoring
+from evalstream.common.analysis import queries
 from evalstream.common.lmeval_filters import filter_counts
-
-_TOTALS = """
-SELECT count(*) AS n,
-       count(*) FILTER (WHERE error IS NULL) AS succeeded,
-       count(*) FILTER (WHERE error IS NOT NULL) AS failed,
-       coalesce(sum(score), 0) AS score_sum,
-       coalesce(sum(score) FILTER (WHERE error IS NULL), 0) AS answered_score_sum,
-       count(*) FILTER (WHERE cache_hit) AS cache_hits,
-       count(*) FILTER (WHERE attempts > 1) AS retried,
-       count(*) FILTER (WHERE truncated) AS truncated,
-       coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
-       coalesce(sum(completion_tokens), 0) AS completion_tokens,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE error IS NULL) AS p50,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE error IS NULL) AS p95,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY latency_ms) FILTER (WHERE error IS NULL) AS p99,
-       max(recorded_at) AS last_recorded
-FROM item_results WHERE run_id = $1
-"""
-
-_BREAKDOWN = """
-SELECT {col} AS key, count(*) AS n, coalesce(sum(score), 0) AS score_sum,
-       count(*) FILTER (WHERE error IS NOT NULL) AS failed
-FROM item_results WHERE run_id = $1 AND {col} IS NOT NULL AND {col} <> '' GROUP BY {col} ORDER BY {col}
-"""
-
-
-# What actually answered: the manifest names the model SPEC; the weights (or answer file)
-# behind it are known only to the workers, which report their engine's revision per item.
-_REVISIONS = """
-SELECT served_by, model_revision, count(*) AS n FROM item_results
-WHERE run_id = $1 AND error IS NULL GROUP BY served_by, model_revision ORDER BY served_by, model_revision
-"""
 
 
 async def served_revisions(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dict[str, dict[str, int]]:
     """served_by -> {engine revision ("unknown" from workers that predate reporting it): items}."""
     out: dict[str, dict[str, int]] = {}
-    for r in await conn.fetch(_REVISIONS, run_id):
+    for r in await conn.fetch(queries.REVISIONS, run_id):
         out.setdefault(r["served_by"], {})[r["model_revision"] or "unknown"] = r["n"]
     return out
 
@@ -77,30 +46,7 @@ def _iso(t: datetime | None) -> str | None:
     return t.isoformat() if t else None
 
 
-_SCORES = """
-SELECT count(*) FILTER (WHERE error IS NULL) AS scored,
-       coalesce(sum(score) FILTER (WHERE error IS NULL AND correct_norm IS NOT NULL), 0) AS mc_acc_sum,
-       count(*) FILTER (WHERE error IS NULL AND correct_norm IS NOT NULL) AS mc_n,
-       count(*) FILTER (WHERE error IS NULL AND correct_norm) AS mc_norm_sum,
-       coalesce(sum(score) FILTER (WHERE error IS NULL AND correct_norm IS NULL
-                                   AND loglikelihood IS NOT NULL AND doc_words IS NULL), 0) AS one_acc_sum,
-       count(*) FILTER (WHERE error IS NULL AND correct_norm IS NULL
-                        AND loglikelihood IS NOT NULL AND doc_words IS NULL) AS one_n,
-       coalesce(sum(loglikelihood) FILTER (WHERE error IS NULL AND correct_norm IS NULL
-                                           AND doc_words IS NULL), 0) AS one_ll_sum,
-       count(*) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL) AS docs,
-       coalesce(sum(loglikelihood) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0) AS doc_ll_sum,
-       coalesce(sum(doc_words) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0)::int8 AS words,
-       -- the sum of an int8 column is numeric (Decimal): a count of bytes fits an int8
-       coalesce(sum(doc_bytes) FILTER (WHERE error IS NULL AND doc_words IS NOT NULL), 0)::int8 AS bytes
-FROM item_results WHERE run_id = $1
-"""
-
-
 LM_EVAL = "lm_eval"
-_DETAILS = """
-SELECT detail FROM item_results WHERE run_id = $1 AND error IS NULL AND detail IS NOT NULL
-"""
 
 
 async def scores_summary(
@@ -110,17 +56,17 @@ async def scores_summary(
     a run of another grader."""
     name = grader.partition(":")[0]
     if name == LM_EVAL:
-        rows = await conn.fetch(_DETAILS, run_id)
+        rows = await conn.fetch(queries.DETAILS, run_id)
         return filter_scores(filter_counts(r["detail"] for r in rows))
     if name not in scoring.SCORING_GRADERS:
         return None
-    r = await conn.fetchrow(_SCORES, run_id)
+    r = await conn.fetchrow(queries.SCORE_SUMS, run_id)
     assert r is not None
     return scores_from_sums(name, dict(r))
 
 
 def scores_from_sums(grader: str, r: dict[str, Any]) -> dict[str, Any]:
-    """The `scores` section from the per-run sums of _SCORES (pure: unit-tested)."""
+    """The `scores` section from the per-run sums of queries.SCORE_SUMS (pure: unit-tested)."""
     if grader == scoring.PERPLEXITY:
         return {
             "grader": grader,
@@ -156,14 +102,14 @@ def filter_scores(counts: dict[str, tuple[int, int]]) -> dict[str, Any]:
 
 
 async def summarise(conn: asyncpg.Connection | asyncpg.Pool, run_id: str) -> dict[str, Any]:
-    run = await conn.fetchrow("SELECT * FROM runs WHERE run_id = $1", run_id)
+    run = await queries.run(conn, run_id)
     if run is None:
         raise KeyError(run_id)
-    t = await conn.fetchrow(_TOTALS, run_id)
+    t = await conn.fetchrow(queries.TOTALS, run_id)
     assert t is not None
     breakdown = {}
     for col in ("category", "served_by"):
-        rows = await conn.fetch(_BREAKDOWN.format(col=col), run_id)
+        rows = await conn.fetch(queries.BREAKDOWN.format(col=col), run_id)
         breakdown[col] = {
             r["key"]: {"total": r["n"], "accuracy": _ratio(r["score_sum"], r["n"]), "failed": r["failed"]}
             for r in rows

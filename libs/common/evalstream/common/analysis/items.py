@@ -17,11 +17,10 @@ import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
-import asyncpg
-
-from evalstream.common import paired
+from evalstream.common.analysis import paired, queries
+from evalstream.common.analysis.queries import Conn
 
 # item_results.outcome (a generated column, migration 004), in the order pages list them
 OUTCOMES = {"failed": 0, "wrong": 1, "ungraded": 2, "right": 3}
@@ -29,15 +28,9 @@ OUTCOME_NAMES = {rank: name for name, rank in OUTCOMES.items()}
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_FILE_ROWS = 10_000  # rows of a compare page written to a file (`evalctl compare --html`)
-CELL_CHARS = 300  # text per table cell; the item's own page shows it whole
 MAX_FILTER_CHARS = 200
 MAX_CURSOR_CHARS = 2_000
-QUERY_TIMEOUT_S = 20.0
-MAX_COUNTED = 10_000  # a filter's matches are counted up to this
 COMPARE_KINDS = ("flipped", "changed", "all")
-MAX_DISTINCT_DIFFS = 100_000  # per-item score differences in a bootstrap histogram
-
-Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 
 @dataclass(frozen=True)
@@ -122,33 +115,6 @@ def decode_cursor(cursor: str | None, arity: int) -> list[Any] | None:
     return key
 
 
-def _clipped(column: str, alias: str | None = None, prefix: str = "") -> str:
-    name = alias or column
-    return f"left({prefix}{column}, {CELL_CHARS}) AS {name}, length({prefix}{column}) AS {name}_chars"
-
-
-_ROW_COLUMNS = ", ".join(
-    [
-        "item_id",
-        "category",
-        "outcome",
-        "score",
-        "attempts",
-        "served_by",
-        "latency_ms",
-        "cache_hit",
-        "truncated",
-        *(_clipped(c) for c in ("question", "gold", "response", "extracted", "error", "detail")),
-    ]
-)
-# The whole of every field (the static report's expandable rows; one item's page).
-_FULL_COLUMNS = (
-    "item_id, category, outcome, score, attempts, served_by, latency_ms, cache_hit, truncated,"
-    " question, gold, response, extracted, error, detail, evidence, prompt, prompt_tokens,"
-    " completion_tokens, model_revision, shard_id, recorded_at, correct"
-)
-
-
 @dataclass
 class ItemPage:
     run_id: str
@@ -180,22 +146,11 @@ async def item_page(
         args += key
         where += f" AND (outcome, item_id) > (${len(args) - 1}::smallint, ${len(args)})"
     args.append(limit + 1)
-    columns = _FULL_COLUMNS if full else _ROW_COLUMNS
-    rows = await conn.fetch(
-        f"SELECT {columns} FROM item_results WHERE run_id = $1{where}"
-        f" ORDER BY outcome, item_id LIMIT ${len(args)}",
-        *args,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    rows = await queries.item_rows(conn, queries.FULL_COLUMNS if full else queries.ROW_COLUMNS, where, args)
     if flt == ItemFilter():  # every item: the run's result count, kept by the aggregator
-        matching = await conn.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id)
+        matching = await queries.recorded(conn, run_id)
     else:  # counted up to a cap, so that a broad filter does not scan the whole run
-        matching = await conn.fetchval(
-            f"SELECT count(*) FROM (SELECT 1 FROM item_results WHERE run_id = $1{flt.where(count_args[:1])}"
-            f" LIMIT {MAX_COUNTED + 1}) AS m",
-            *count_args,
-            timeout=QUERY_TIMEOUT_S,
-        )
+        matching = await queries.count_matching(conn, flt.where(count_args[:1]), count_args)
     page = [dict(r) for r in rows[:limit]]
     more = len(rows) > limit
     return ItemPage(
@@ -211,53 +166,22 @@ async def item_page(
 
 
 async def one_item(conn: Conn, run_id: str, item_id: str) -> dict[str, Any] | None:
-    row = await conn.fetchrow(
-        f"SELECT {_FULL_COLUMNS} FROM item_results WHERE run_id = $1 AND item_id = $2",
-        run_id,
-        item_id,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    row = await queries.one_item(conn, run_id, item_id)
     return dict(row) if row is not None else None
-
-
-MAX_FACETS = 200  # choices per filter menu
 
 
 async def facets(conn: Conn, run_id: str) -> dict[str, list[str]]:
     """The categories and served_by values of a run (the filter form's choices)."""
     out: dict[str, list[str]] = {}
     for column in ("category", "served_by"):
-        # a loose index scan: one index probe per distinct value, not a pass over the run
-        rows = await conn.fetch(
-            f"""WITH RECURSIVE v(x, n) AS (
-                  (SELECT {column}, 1 FROM item_results WHERE run_id = $1 AND {column} IS NOT NULL
-                   ORDER BY {column} LIMIT 1)
-                  UNION ALL
-                  SELECT (SELECT {column} FROM item_results WHERE run_id = $1 AND {column} > v.x
-                          ORDER BY {column} LIMIT 1), v.n + 1
-                  FROM v WHERE v.x IS NOT NULL AND v.n < {MAX_FACETS}
-                ) SELECT x FROM v WHERE x IS NOT NULL""",
-            run_id,
-            timeout=QUERY_TIMEOUT_S,
-        )
+        rows = await queries.distinct_values(conn, run_id, column)
         out[column] = [r["x"] for r in rows if r["x"] != ""]
     return out
 
 
 # --------------------------------------------------------------------------- two runs
 
-# Per common item: 0 right in A only, 1 right in B only (the flips), 2 same verdict but a
-# different answer, 3 the same answer.
-_RANK = (
-    "CASE WHEN a.outcome = 3 AND b.outcome <> 3 THEN 0 WHEN b.outcome = 3 AND a.outcome <> 3 THEN 1"
-    " WHEN a.response IS DISTINCT FROM b.response THEN 2 ELSE 3 END"
-)
 _KIND_MAX_RANK = {"flipped": 1, "changed": 2, "all": 3}
-_SCORE_A = "CASE WHEN a.error IS NULL THEN a.score ELSE 0 END"
-_SCORE_B = "CASE WHEN b.error IS NULL THEN b.score ELSE 0 END"
-_JOIN = (
-    "FROM item_results a JOIN item_results b ON b.run_id = $2 AND b.item_id = a.item_id WHERE a.run_id = $1"
-)
 
 
 @dataclass
@@ -281,58 +205,20 @@ async def compare_stats(
 ) -> dict[str, Any]:
     """Counts, accuracies on the common items, McNemar and the paired bootstrap interval,
     aggregated in PostgreSQL (the bootstrap from the histogram of per-item differences)."""
-    t = await conn.fetchrow(
-        f"""SELECT count(*) AS common,
-                   count(*) FILTER (WHERE a.outcome = 3 AND b.outcome <> 3) AS a_only,
-                   count(*) FILTER (WHERE b.outcome = 3 AND a.outcome <> 3) AS b_only,
-                   count(*) FILTER (WHERE a.response IS NOT DISTINCT FROM b.response) AS identical,
-                   coalesce(sum({_SCORE_A}), 0) AS a_sum, coalesce(sum({_SCORE_B}), 0) AS b_sum
-            {_JOIN}""",
-        run_a,
-        run_b,
-        timeout=QUERY_TIMEOUT_S,
-    )
-    assert t is not None
-    sizes = {
-        r["run_id"]: r["n"]
-        for r in await conn.fetch(
-            "SELECT run_id, count(*) AS n FROM item_results WHERE run_id = ANY($1::text[]) GROUP BY run_id",
-            [run_a, run_b],
-            timeout=QUERY_TIMEOUT_S,
-        )
-    }
-    diffs = await conn.fetch(
-        f"SELECT round(({_SCORE_B} - {_SCORE_A})::numeric, 9)::float8 AS d, count(*) AS n {_JOIN}"
-        f" GROUP BY d LIMIT {MAX_DISTINCT_DIFFS}",
-        run_a,
-        run_b,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    t = await queries.pair_totals(conn, run_a, run_b)
+    sizes = await queries.result_counts(conn, [run_a, run_b])
+    diffs = await queries.score_differences(conn, run_a, run_b)
     common = int(t["common"])
     acc_a = t["a_sum"] / common if common else None
     acc_b = t["b_sum"] / common if common else None
-    ci = paired.bootstrap_ci_from_counts({r["d"]: r["n"] for r in diffs}, resamples=resamples, seed=seed)
+    ci = paired.bootstrap_ci_from_counts(diffs, resamples=resamples, seed=seed)
     return {
         "items": {"a": sizes.get(run_a, 0), "b": sizes.get(run_b, 0), "common": common},
         "identical_responses": int(t["identical"]),
-        "accuracy": {
-            "a": _round(acc_a),
-            "b": _round(acc_b),
-            "delta": _round(acc_b - acc_a) if acc_a is not None and acc_b is not None else None,
-            "ci": list(ci) if ci else None,
-            "confidence": paired.CONFIDENCE,
-            "bootstrap": {"resamples": resamples, "seed": seed},
-        },
-        "mcnemar": {
-            "right_in_a_only": int(t["a_only"]),
-            "right_in_b_only": int(t["b_only"]),
-            "p_value": round(paired.mcnemar_exact(int(t["a_only"]), int(t["b_only"])), 6),
-        },
+        **paired.figures(
+            acc_a, acc_b, ci, int(t["a_only"]), int(t["b_only"]), resamples=resamples, seed=seed
+        ),
     }
-
-
-def _round(x: float | None) -> float | None:
-    return round(x, 6) if x is not None else None
 
 
 async def compare_page(
@@ -352,25 +238,7 @@ async def compare_page(
         raise ValueError(f"kind must be one of {', '.join(COMPARE_KINDS)}")
     limit = max(1, min(limit, MAX_FILE_ROWS))
     key = decode_cursor(after, 2)
-    args: list[Any] = [run_a, run_b, _KIND_MAX_RANK[kind]]
-    keyset = ""
-    if key is not None:
-        args += key
-        keyset = " AND (rank, item_id) > ($4::int, $5)"
-    args.append(limit + 1)
-    rows = await conn.fetch(
-        f"""SELECT * FROM (
-              SELECT {_RANK} AS rank, a.item_id, a.category,
-                     {_clipped("question", prefix="a.")}, {_clipped("gold", prefix="a.")},
-                     a.outcome AS a_outcome, b.outcome AS b_outcome,
-                     {_clipped("response", "a_response", "a.")}, {_clipped("response", "b_response", "b.")},
-                     {_clipped("extracted", "a_extracted", "a.")}, {_clipped("extracted", "b_extracted", "b.")},
-                     {_clipped("error", "a_error", "a.")}, {_clipped("error", "b_error", "b.")}
-              {_JOIN}) AS pair
-            WHERE rank <= $3{keyset} ORDER BY rank, item_id LIMIT ${len(args)}""",
-        *args,
-        timeout=QUERY_TIMEOUT_S,
-    )
+    rows = await queries.pair_rows(conn, run_a, run_b, _KIND_MAX_RANK[kind], key, limit + 1)
     page = [dict(r) for r in rows[:limit]]
     return ComparePage(
         run_a=run_a,
