@@ -236,7 +236,7 @@ async def api_and_sla(
                 shards = [decode(v, Shard) for _, v, _ in records]
                 return shards if len(shards) == 4 else None
 
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 180  # a new router joins a new topic's group first
             while (shards := await fell_back()) is None:
                 assert time.monotonic() < deadline, "the opted-in shards never reached the lighter group"
                 await asyncio.sleep(0.5)

@@ -13,8 +13,9 @@ import asyncpg
 import pytest
 
 from evalstream.common import storage
-from evalstream.common.settings import Settings
-from evalstream.worker.engines import bundled_model_path
+from evalstream.common.settings import Settings, WorkerSettings
+from evalstream.common.specs import DEFAULT_MODEL, alias_engine, parse_model_spec
+from evalstream.worker.engines import bundled_model_path, device_kind
 from evalstream.worker.engines.hf import file_sha256
 from tests.e2e.helpers import evalctl, results_jsonl, submit_wait, write_jsonl
 from tests.support import admin_settings
@@ -55,7 +56,10 @@ def test_reproducing_a_greedy_run_with_the_default_model(tmp_path: Path) -> None
     assert [r["response"] for r in first] == [r["response"] for r in second]
     assert all(r["response"] for r in first), "the model answered every item"
     assert not any(r["cache_hit"] for r in first + second)
-    assert {r["served_by"] for r in second} == {"default/hf:smollm2-135m-instruct"}
+    # the default SPEC (the bundled model's name) on this machine's fastest faithful engine
+    engine = alias_engine(parse_model_spec(DEFAULT_MODEL), WorkerSettings().worker_model, device_kind())
+    assert engine == ("ov:smollm2-135m-instruct" if device_kind() == "cpu" else "hf:smollm2-135m-instruct")
+    assert {r["served_by"] for r in first + second} == {f"default/{engine}"}
     # the same weights served both, and the manifests agree (the commit may move under a busy tree)
     revisions = report["served_revisions"]
     assert revisions["identical"]
