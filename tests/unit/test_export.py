@@ -58,6 +58,23 @@ def test_metrics_are_the_summarys_numbers_with_categories_and_percentiles() -> N
     )
 
 
+def test_lm_eval_scores_are_metrics_with_their_stderr() -> None:
+    acc = {"value": 0.27, "stderr": 0.023, "ci95": [0.22, 0.31], "n": 369}
+    mc = metrics(
+        {**SUMMARY, "scores": {"grader": "loglikelihood", "scored": 369, "acc": acc, "perplexity": 3.5}}
+    )
+    assert (mc["scores/acc"], mc["scores/acc/stderr"], mc["scores/perplexity"]) == (0.27, 0.023, 3.5)
+    assert mc["scores/scored"] == 369 and "scores/grader" not in mc
+    em = {"value": 0.5, "stderr": 0.1, "ci95": None, "n": 20}
+    gen = metrics(
+        {**SUMMARY, "scores": {"grader": "lm_eval", "filters": [{"name": "strict-match", "exact_match": em}]}}
+    )
+    assert (gen["scores/exact_match/strict-match"], gen["scores/exact_match/strict-match/stderr"]) == (
+        0.5,
+        0.1,
+    )
+
+
 def test_wandb_offline_run_carries_the_numbers_config_and_table(tmp_path: Path) -> None:
     done = to_wandb(RUN, project="evalstream-test", entity=None, directory=str(tmp_path), offline=True)
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")

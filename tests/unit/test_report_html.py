@@ -139,3 +139,42 @@ def test_a_run_without_answers_still_renders() -> None:
 
 def test_timeline_buckets_are_round_numbers() -> None:
     assert [_nice_step(x) for x in (0.03, 0.5, 0.7, 3, 40, 120)] == [0.05, 0.5, 1.0, 5.0, 50.0, 200.0]
+
+
+def test_lm_eval_scores_are_shown_with_their_interval() -> None:
+    scores = {
+        "grader": "loglikelihood",
+        "scored": 369,
+        "acc": {"value": 0.265583, "stderr": 0.023, "ci95": [0.220503, 0.310663], "n": 369},
+        "acc_norm": {"value": 0.3, "stderr": 0.0239, "ci95": [0.25316, 0.34684], "n": 369},
+    }
+    page = render(data(summary=summary(grader="loglikelihood", scores=scores)))
+    table = re.search(r"id='scores'>(.*?)</table>", page, re.S)
+    assert table, "no scores table"
+    assert "<td>acc</td><td>26.6% ± 2.3% (95% 22.1% – 31.1%), n 369</td>" in table.group(1)
+    assert "<td>acc_norm</td><td>30.0% ± 2.4% (95% 25.3% – 34.7%), n 369</td>" in table.group(1)
+    assert "id='scores'" not in render(data())  # a generated run has none
+
+
+def test_score_rows_of_each_grader() -> None:
+    from evalstream.common.analysis.reports import score_rows
+
+    ppl = {
+        "grader": "perplexity",
+        "documents": 2,
+        "word_perplexity": 125.97,
+        "byte_perplexity": 2.94,
+        "bits_per_byte": 1.556,
+    }
+    assert score_rows(ppl) == [
+        ("documents", "2"),
+        ("word_perplexity", "126"),
+        ("byte_perplexity", "2.94"),
+        ("bits_per_byte", "1.556"),
+    ]
+    em = {"value": 0.25, "stderr": None, "ci95": None, "n": 1}
+    filters = {"grader": "lm_eval", "filters": [{"name": "strict-match", "exact_match": em}]}
+    assert score_rows(filters) == [("exact_match,strict-match", "25.0%, n 1")]
+    one = {"grader": "loglikelihood", "acc": em, "perplexity": 3.5}
+    assert score_rows(one) == [("acc", "25.0%, n 1"), ("perplexity", "3.5")]
+    assert score_rows(None) == []

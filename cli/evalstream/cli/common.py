@@ -21,7 +21,7 @@ from evalstream.cli.progress import ProgressBar
 from evalstream.common import topics
 from evalstream.common.analysis import queries
 from evalstream.common.analysis.audit import MAX_FDR
-from evalstream.common.analysis.reports import summarise
+from evalstream.common.analysis.reports import score_rows, summarise
 from evalstream.common.kafka_security import client_kwargs
 from evalstream.common.lag import topic_partitions
 from evalstream.common.messages import Heartbeat, decode
@@ -139,6 +139,10 @@ def print_report(s: dict[str, Any]) -> None:
             f"  latency ms p50 {lat['p50']:.0f}  p95 {lat['p95']:.0f}  p99 {lat['p99']:.0f}   "
             f"throughput {s['items_per_s']} items/s"
         )
+    if rows := score_rows(s.get("scores")):
+        print(f"  lm-eval scores ({s['scores']['grader']}):")
+        for name, value in rows:
+            print(f"    {name:<32} {value}")
     for title, key in (("category", "by_category"), ("served by", "by_served_by")):
         if s[key]:
             print(f"  by {title}:")

@@ -82,6 +82,16 @@ def metrics(summary: dict[str, Any]) -> dict[str, float]:
         out[metric_key("latency_ms", p)] = (summary.get("latency_ms") or {}).get(p)
     for kind, n in (summary.get("tokens") or {}).items():
         out[metric_key("tokens", kind)] = n
+    scores = summary.get("scores") or {}
+    for name, value in scores.items():  # lm-eval's metrics: acc, acc_norm, perplexities
+        if isinstance(value, dict) and "value" in value:
+            out[metric_key("scores", name)] = value["value"]
+            out[metric_key("scores", name, "stderr")] = value.get("stderr")
+        elif name not in ("grader", "filters"):
+            out[metric_key("scores", name)] = value
+    for f in scores.get("filters") or []:
+        out[metric_key("scores", "exact_match", str(f["name"]))] = f["exact_match"]["value"]
+        out[metric_key("scores", "exact_match", str(f["name"]), "stderr")] = f["exact_match"]["stderr"]
     for category, c in (summary.get("by_category") or {}).items():
         out[metric_key("category", str(category), "accuracy")] = c.get("accuracy")
         out[metric_key("category", str(category), "total")] = c.get("total")

@@ -25,7 +25,7 @@ from evalstream.common import keys
 from evalstream.common.analysis import items, items_html, pages, queries
 from evalstream.common.analysis.charts import bar_chart, column_chart, line_chart
 from evalstream.common.analysis.charts import escape_label as _e
-from evalstream.common.analysis.reports import summarise
+from evalstream.common.analysis.reports import score_rows, summarise
 
 # Latency histogram edges in ms: the Prometheus buckets (10 ms .. 60 s) and a few below, so
 # that cached and null-model answers (about 0 ms) show where they are.
@@ -259,6 +259,14 @@ def render(data: ReportData) -> str:
     meta = "".join(
         f"<tr><td>{_e(k)}</td><td>{_e(v if v is not None else '')}</td></tr>" for k, v in meta_rows
     )
+    score_table = "".join(
+        f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in score_rows(s.get("scores"))
+    )
+    scores_html = (
+        f"<h2>lm-eval scores ({_e(s['scores']['grader'])})</h2><table class='meta' id='scores'>{score_table}</table>"
+        if score_table
+        else ""
+    )
     by_category = _breakdown_rows(s.get("by_category") or {})
     by_served = _breakdown_rows(s.get("by_served_by") or {})
     items_section = items_html.report_section(data.items, data.facets, live=data.live) if data.items else ""
@@ -268,6 +276,7 @@ def render(data: ReportData) -> str:
 <h1>Run {_e(s["run_id"])}{f" — {_e(s['name'])}" if s.get("name") else ""}</h1>
 <div class="sub">model {_e(s.get("model"))} · grader {_e(s.get("grader"))} · {_e(s.get("status"))}</div>
 <div class="cards">{cards}</div>
+{scores_html}
 <h2>Accuracy by category</h2>
 <div class="grid" id="by-category">{bar_chart(by_category, label="accuracy by category")}</div>
 <h2>Accuracy by served_by (worker group / model)</h2>

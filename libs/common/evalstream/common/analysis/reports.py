@@ -87,6 +87,40 @@ def scores_from_sums(grader: str, r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def score_rows(scores: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The `scores` section as (metric, value) rows for people (the CLI's report, the HTML
+    report): a mean with its standard error and 95 % interval, a perplexity as a number."""
+
+    def mean(m: dict[str, Any] | None) -> str:
+        if not m or m.get("value") is None:
+            return "n/a"
+        text = f"{m['value']:.1%}"
+        if m.get("stderr") is not None:
+            text += f" ± {m['stderr']:.1%}"
+        if m.get("ci95"):
+            text += f" (95% {m['ci95'][0]:.1%} – {m['ci95'][1]:.1%})"
+        return text + f", n {m.get('n', 0)}"
+
+    def number(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.4g}"
+
+    if not scores:
+        return []
+    if scores.get("grader") == scoring.PERPLEXITY:
+        return [
+            ("documents", str(scores.get("documents", 0))),
+            *((k, number(scores.get(k))) for k in ("word_perplexity", "byte_perplexity", "bits_per_byte")),
+        ]
+    if scores.get("grader") == LM_EVAL:
+        return [(f"exact_match,{f['name']}", mean(f["exact_match"])) for f in scores.get("filters", [])]
+    rows: list[tuple[str, str]] = [
+        (k, mean(scores[k])) for k in ("acc", "acc_norm", "acc_greedy") if k in scores
+    ]
+    if "perplexity" in scores:
+        rows.append(("perplexity", number(scores["perplexity"])))
+    return rows
+
+
 def filter_scores(counts: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """The `scores` section of an lm_eval run from its per-pipeline counts (right, graded):
     exact_match of each filter, as lm-eval reports `exact_match,strict-match` and the like."""
