@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from evalstream.common.datasets.formats import INVALID
+from evalstream.common.datasets.formats import HUMANEVAL_REQUIRED, INVALID, Opened
 from evalstream.common.datasets.problems import Problem, Report, type_name
 from evalstream.common.messages import ChatMessage, Item
 
@@ -243,3 +243,31 @@ def canonical_number(value: int | float | decimal.Decimal) -> str | None:
     if value.is_integer():
         return str(int(value))
     return repr(value)
+
+
+def check_columns(report: Report, opened: Opened) -> bool:
+    """A table's header (CSV, Parquet): a missing column is one problem, not one per row;
+    True for a file without one (JSON Lines)."""
+    if opened.columns is None:
+        return True
+    columns, line = opened.columns, opened.header_line
+    present = set(columns)
+    missing: list[str] = []
+    if opened.humaneval:
+        missing = [c for c in HUMANEVAL_REQUIRED if c not in present]
+    else:
+        if "id" not in present:
+            missing.append("id")
+        if not present & set(_INPUT_FIELDS):
+            missing.append("question (or prompt / messages)")
+        if "answer" not in present and not {"test", "entry_point"} <= present:
+            missing.append("answer")
+    duplicated = sorted({c for c in columns if columns.count(c) > 1})
+    if duplicated:
+        report.problem(line, duplicated[0], f"duplicate columns: {', '.join(duplicated)}")
+    if missing:
+        have = ", ".join(c or "(blank)" for c in columns)
+        report.problem(
+            line, missing[0].split()[0], f"missing columns: {', '.join(missing)} (columns: {have})"
+        )
+    return not (missing or duplicated)

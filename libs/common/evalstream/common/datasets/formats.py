@@ -3,7 +3,8 @@
 Formats are chosen by extension: JSON Lines (`.jsonl`, `.json`, `.ndjson`), Parquet, CSV
 (and TSV). A reader never holds more than one record (one Parquet batch) beside what it
 yields, so a file of any length is read in bounded memory. What cannot be read is reported
-on the Report with its line; what each record *means* is fields.py's business.
+on the Report with its line; what each record and a table's columns *mean* (which are
+required, `fields.check_columns`) is fields.py's business: a reader never validates.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ PARQUET_EXTS = {".parquet", ".pq"}
 # CSV cells are text; these columns hold JSON.
 CSV_JSON_COLUMNS = frozenset({"messages", "choices", "meta"})
 HUMANEVAL_REQUIRED = ("task_id", "prompt", "entry_point", "test")
-_INPUT_FIELDS = ("question", "prompt", "messages")
 _BOM = b"\xef\xbb\xbf"
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one record; an item must also fit a Kafka message (scan.py)
 
@@ -48,6 +48,10 @@ class Opened:
     format: Format
     humaneval: bool
     records: Records
+    # a table's header (CSV, Parquet), checked by fields.check_columns before any row is read;
+    # header_line: the header's line (CSV: 1; Parquet: None)
+    columns: list[str] | None = None
+    header_line: int | None = None
 
 
 def is_humaneval(names: list[str] | set[str] | Any) -> bool:
@@ -160,9 +164,9 @@ def _csv(stream: BinaryIO, report: Report, *, delimiter: str) -> Opened | None:
         return Opened("csv", False, iter(()))
     columns = [h.strip() for h in header]
     humaneval = is_humaneval(columns)
-    if not check_columns(report, 1, columns, humaneval=humaneval):
-        return None
-    return Opened("humaneval" if humaneval else "csv", humaneval, _csv_records(reader, columns, report))
+    return Opened(
+        "humaneval" if humaneval else "csv", humaneval, _csv_records(reader, columns, report), columns, 1
+    )
 
 
 class _Unclosed(io.RawIOBase):
@@ -229,8 +233,6 @@ def _parquet(stream: BinaryIO, report: Report) -> Opened | None:
         report.problem(None, None, f"not a readable Parquet file: {exc}")
         return None
     humaneval = is_humaneval(columns)
-    if not check_columns(report, None, columns, humaneval=humaneval):
-        return None
 
     def rows() -> Records:
         index = 0
@@ -244,28 +246,4 @@ def _parquet(stream: BinaryIO, report: Report) -> Opened | None:
         except Exception as exc:
             report.problem(None, None, f"not a readable Parquet file: {exc}")
 
-    return Opened("humaneval" if humaneval else "parquet", humaneval, rows())
-
-
-def check_columns(report: Report, line: int | None, columns: list[str], *, humaneval: bool) -> bool:
-    """Tabular files: a missing column is one problem, not one per row."""
-    present = set(columns)
-    missing: list[str] = []
-    if humaneval:
-        missing = [c for c in HUMANEVAL_REQUIRED if c not in present]
-    else:
-        if "id" not in present:
-            missing.append("id")
-        if not present & set(_INPUT_FIELDS):
-            missing.append("question (or prompt / messages)")
-        if "answer" not in present and not {"test", "entry_point"} <= present:
-            missing.append("answer")
-    duplicated = sorted({c for c in columns if columns.count(c) > 1})
-    if duplicated:
-        report.problem(line, duplicated[0], f"duplicate columns: {', '.join(duplicated)}")
-    if missing:
-        have = ", ".join(c or "(blank)" for c in columns)
-        report.problem(
-            line, missing[0].split()[0], f"missing columns: {', '.join(missing)} (columns: {have})"
-        )
-    return not (missing or duplicated)
+    return Opened("humaneval" if humaneval else "parquet", humaneval, rows(), columns)

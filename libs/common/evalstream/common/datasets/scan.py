@@ -25,7 +25,13 @@ import msgspec
 import numpy as np
 
 from evalstream.common.analysis.questions import normalise, question_key
-from evalstream.common.datasets.fields import GENERIC_FIELDS, HUMANEVAL_FIELDS, Fields, quiet_id
+from evalstream.common.datasets.fields import (
+    GENERIC_FIELDS,
+    HUMANEVAL_FIELDS,
+    Fields,
+    check_columns,
+    quiet_id,
+)
 from evalstream.common.datasets.formats import Format, open_records
 from evalstream.common.datasets.problems import DatasetError, Problem, Report, by_line
 from evalstream.common.messages import Item, encode
@@ -182,6 +188,8 @@ def scan_dataset(
     report = Report()
     sha256 = _sha256_of(stream)
     opened = open_records(stream, filename, report)
+    if opened is not None and not check_columns(report, opened):
+        opened = None
     checks = _SetChecks()
     fields = Fields(report)
     count = 0
