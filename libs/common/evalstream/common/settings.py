@@ -311,6 +311,9 @@ class RouterSettings(ServiceSettings):
     router_sla_max_error_rate: float = 0.05
     router_sla_tiers: str = "0.3,0.6"  # violation rates that step down a model
     router_fallback: str = ""  # lighter models, e.g. "hf:big=hf:small"
+    # A starting router reads the heartbeats already on the topic before it routes or rescues
+    # (its view of the fleet is partial until then); it waits at most this long for that.
+    router_catch_up_s: float = 60.0
 
 
 @dataclass(frozen=True)

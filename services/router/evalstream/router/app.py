@@ -28,22 +28,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
 from opentelemetry.trace import Span
 
 from evalstream.common import service, telemetry, topics
+from evalstream.common.kafka_security import client_kwargs
+from evalstream.common.lag import topic_partitions
 from evalstream.common.messages import Heartbeat, Shard, decode
 from evalstream.common.metrics import SHARDS
 from evalstream.common.names import plain_name_problem
 from evalstream.common.poison import PoisonGuard, broker_probe
 from evalstream.common.settings import RouterSettings
 from evalstream.router.dispatch import Dispatcher, ShuttingDown
+from evalstream.router.fleet import HeartbeatCatchUp
 from evalstream.router.health import LagMonitor, RescueManager
 from evalstream.router.parking import ParkingPolicy
 from evalstream.router.routing import Router, RouterConfig
@@ -61,6 +65,7 @@ parking = ParkingPolicy(
     can_park=RETRY_TOPIC is not None,
 )
 dispatcher = Dispatcher(broker, router, parking, RETRY_TOPIC)
+heartbeats_read = HeartbeatCatchUp()
 
 
 @dataclass
@@ -98,6 +103,8 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
                     SHARDS.labels(service="router", outcome="undecodable").inc()
                 else:
                     shards.append((shard, record, span))
+            # routed on the whole fleet's heartbeats, not on the first ones read (bounded wait)
+            await heartbeats_read.wait(settings.router_catch_up_s)
             await dispatcher.route_batch(shards, assigned, commit)
 
     async def route(msg: KafkaMessage) -> None:
@@ -153,6 +160,13 @@ for _topic, _subscriber in subscribers.items():
 @broker.subscriber(topics.HEARTBEATS, auto_offset_reset="earliest")
 async def on_heartbeat(msg: KafkaMessage) -> None:
     record = service.record_of(msg)
+    try:
+        await observe_heartbeat(record)
+    finally:
+        heartbeats_read.seen(record.partition, record.offset)
+
+
+async def observe_heartbeat(record: service.Record) -> None:
     if not record.value:
         if record.key:
             router.fleet.forget(record.key.decode(errors="replace"))
@@ -180,7 +194,7 @@ def decode_heartbeat(raw: bytes) -> Heartbeat:
 async def start_background() -> None:
     rescues = RescueManager(router, settings, settings.router_reroute_after_s, dispatcher.rescue)
     monitor = LagMonitor(router, settings, settings.router_lag_interval_s)
-    background.set(Background(rescues, asyncio.create_task(monitor.run(after_each=rescues.sync))))
+    background.set(Background(rescues, asyncio.create_task(watch_fleet(monitor, rescues))))
     log.info(
         "routing %s (+ %s) with policy %s to groups %s",
         SHARDS_TOPIC,
@@ -188,6 +202,40 @@ async def start_background() -> None:
         router.config.policy,
         router.config.groups,
     )
+
+
+async def watch_fleet(monitor: LagMonitor, rescues: RescueManager) -> None:
+    """Lag reads and rescues, once the heartbeat topic is read up to its end: a group known
+    only from an old heartbeat would look dead and have its shards moved."""
+    started = time.monotonic()
+    try:
+        caught_up = await catch_up_on_heartbeats()
+    except Exception:  # Kafka away at the start: the waiters' bound lets the router go on
+        log.exception("could not read the heartbeat topic's end offsets")
+        caught_up = False
+    if caught_up:
+        log.info("heartbeats read up to the topic's end in %.1f s", time.monotonic() - started)
+    else:
+        log.warning(
+            "heartbeats not read up to their end (%s) in %.0f s: going on with those read",
+            heartbeats_read.behind(),
+            settings.router_catch_up_s,
+        )
+    await monitor.run(after_each=rescues.sync)
+
+
+async def catch_up_on_heartbeats() -> bool:
+    consumer = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = await topic_partitions(consumer, topics.HEARTBEATS)
+
+        async def ends() -> dict[int, int]:
+            return {tp.partition: offset for tp, offset in (await consumer.end_offsets(tps)).items()}
+
+        return await heartbeats_read.run(ends, settings.router_catch_up_s)
+    finally:
+        await consumer.stop()
 
 
 async def stop_background() -> None:

@@ -12,8 +12,10 @@ its drain rate: shards committed per second over an interval it stayed backlogge
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -149,3 +151,58 @@ class Fleet:
 
     def health(self, group: Group, now: float) -> str:
         return fleet.group_health(len(group.live_members(now, self.heartbeat_timeout_s)), len(group.members))
+
+
+class HeartbeatCatchUp:
+    """Whether this router has read the heartbeat topic up to its end.
+
+    Until then its view of the fleet is partial: a group that serves a model may be unknown
+    (its shards would park), a live group may look dead from an old heartbeat (its pending
+    shards would be rescued from it) and the SLA window may lack the samples that step a model
+    down. The topic is compacted but keeps every member's latest heartbeat, poison included
+    until a router has dead-lettered it, so reading it can take seconds, while members keep
+    beating: the end it must reach is the end *when it gets there*. `run` reads the end
+    offsets, waits for the subscriber (`seen`) to reach them, reads them again, and is done
+    when the subscriber is at the end it has just read; `wait` waits for that, bounded."""
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+        self._seen: dict[int, int] = {}  # partition -> next offset to read
+        self._ends: dict[int, int] = {}  # the last end offsets read
+        self._progress = asyncio.Event()
+
+    def seen(self, partition: int, offset: int) -> None:
+        self._seen[partition] = max(self._seen.get(partition, 0), offset + 1)
+        self._progress.set()
+
+    def covers(self, ends: dict[int, int]) -> bool:
+        return all(self._seen.get(p, 0) >= end for p, end in ends.items())
+
+    async def run(self, read_ends: Callable[[], Awaitable[dict[int, int]]], timeout_s: float) -> bool:
+        """Sets `done` once the subscriber has read up to the end; False after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        self._ends = await read_ends()
+        while True:
+            while not self.covers(self._ends):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._progress.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._progress.wait(), min(remaining, 1.0))
+            newer = await read_ends()
+            if self.covers(newer):
+                self.done.set()
+                return True
+            self._ends = newer
+
+    def behind(self) -> dict[int, tuple[int, int]]:
+        """partition -> (next offset to read, end offset) of the partitions not read yet."""
+        return {p: (self._seen.get(p, 0), end) for p, end in self._ends.items() if self._seen.get(p, 0) < end}
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True once caught up; False when `timeout_s` passed first (the router goes on with
+        what it has read)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.done.wait(), timeout_s)
+        return self.done.is_set()
