@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from aiokafka import AIOKafkaConsumer
 
@@ -156,6 +157,14 @@ def service_env(module: str) -> dict[str, str]:
     return credentials_env(parts[1]) if len(parts) > 1 and parts[0] == "evalstream" else {}
 
 
+def same_endpoint(url: str, endpoint_of: str) -> str:
+    """`url` (its user and password) at the host and port of `endpoint_of`."""
+    parts, where = urlsplit(url), urlsplit(endpoint_of)
+    userinfo = parts.netloc.rpartition("@")[0]
+    host = where.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{userinfo}@{host}" if userinfo else host))
+
+
 def service_database_url(service: str) -> str:
     """DATABASE_URL of a service's own role: for tests that run a service's code in-process."""
     return principal_settings(service).database_url
@@ -238,9 +247,14 @@ class ServiceProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = self.log.open("ab")
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []  # it execs: same pid
+        credentials = service_env(self.module)
+        if self.env.get("DATABASE_URL") and credentials.get("DATABASE_URL"):
+            # the service's own role, at the address this process reaches the database by
+            # (a host's processes: the infrastructure's address on the hosts' network)
+            credentials["DATABASE_URL"] = same_endpoint(credentials["DATABASE_URL"], self.env["DATABASE_URL"])
         self.proc = subprocess.Popen(
             [*inside, sys.executable, "-m", self.module],
-            env={**os.environ, **self.env, **service_env(self.module)},
+            env={**os.environ, **self.env, **credentials},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -47,6 +47,7 @@ from tests.faults.checker import LogRecord, Outcome, RunCounters, RunHistory, Ve
 from tests.support import (
     ROOT,
     STACK,
+    admin_database_url,
     admin_kafka,
     read_records,
     stack_cmd,
@@ -168,7 +169,7 @@ async def submit(
 
 
 async def _fetchval(settings: Settings, sql: str, *args: Any) -> Any:
-    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    conn = await asyncpg.connect(admin_database_url(), timeout=10)  # the checker reads every table
     try:
         return await conn.fetchval(sql, *args)
     finally:
@@ -186,7 +187,7 @@ async def run_status(settings: Settings, run_id: str) -> str | None:
 
 async def rows_by_run(settings: Settings, run_ids: list[str]) -> dict[str, tuple[int, int, float]]:
     """(succeeded rows, failed rows, score sum) of each run, now."""
-    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    conn = await asyncpg.connect(admin_database_url(), timeout=10)  # the checker reads every table
     try:
         rows = await conn.fetch(
             "SELECT run_id, count(*) FILTER (WHERE error IS NULL) AS ok, count(*) FILTER (WHERE error IS NOT NULL)"
@@ -637,7 +638,7 @@ def _commit() -> str:
 
 
 async def _rows(settings: Settings, run_ids: list[str]) -> dict[str, list[Outcome]]:
-    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    conn = await asyncpg.connect(admin_database_url(), timeout=10)  # the checker reads every table
     try:
         rows = await conn.fetch(
             "SELECT run_id, item_id, error, score FROM item_results WHERE run_id = ANY($1::text[])", run_ids
@@ -655,7 +656,7 @@ async def _rows(settings: Settings, run_ids: list[str]) -> dict[str, list[Outcom
 async def _recorded_since(
     settings: Settings, run_ids: list[str], since: float
 ) -> list[tuple[str, str, float]]:
-    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    conn = await asyncpg.connect(admin_database_url(), timeout=10)  # the checker reads every table
     try:
         rows = await conn.fetch(
             "SELECT run_id, item_id, extract(epoch FROM recorded_at)::float8 AS t FROM item_results"
@@ -669,7 +670,7 @@ async def _recorded_since(
 
 
 async def _runs(settings: Settings, run_ids: list[str]) -> dict[str, dict[str, Any]]:
-    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    conn = await asyncpg.connect(admin_database_url(), timeout=10)  # the checker reads every table
     try:
         rows = await conn.fetch(
             "SELECT run_id, status, total, recorded, shard_count, summary FROM runs WHERE run_id = ANY($1::text[])",
