@@ -174,7 +174,9 @@ async def results_piling_up(sc: Scenario, at_least: int, timeout: float = 180) -
 async def test_01_kill_9_worker_mid_batch(stack: Settings, group: Group, tmp_path: Path) -> None:
     await group.start(stack)
     sc = await scenario("01 kill -9 worker mid-batch", stack, group)
-    await sc.submit_many(tmp_path, group.name, sizes(), "k9w")
+    # Big enough at any scale that the kill hits while every run is going (one worker at
+    # 10 ms an item: 2,400 items are 24 s of work at 0.2)
+    await sc.submit_many(tmp_path, group.name, sizes(floor=600), "k9w")
     await sc.in_flight(at_least_rows=20)
     await sc.fault_begins()
     group.workers[0].signal(signal.SIGKILL)
