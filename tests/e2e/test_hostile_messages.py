@@ -80,7 +80,7 @@ async def test_poison_jobs_and_control_requests_cost_one_dead_letter_or_rejected
     assert "NUL" in row["problems"]
 
     # 3. a control request nested 5,000 deep, then a valid one: both handled
-    poison = b'{"kind":"redrive","run_id":' + DEEP + b"}"
+    poison = b'{"kind":"redrive","run_id":' + DEEP + b',"nonce":"' + unique("n").encode() + b'"}'  # its own
     await publish(kafka_producer, topics.CONTROL, poison, "deep")
     await publish(kafka_producer, topics.CONTROL, encode(Redrive(run_id=after.run_id or "")), "ok")
     [letter] = await wait_until(

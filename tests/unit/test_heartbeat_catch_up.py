@@ -43,3 +43,11 @@ async def test_an_empty_topic_is_read_at_once_and_every_wait_is_bounded() -> Non
     behind = HeartbeatCatchUp()
     assert await behind.run(five, 0.05) is False  # the router goes on with what it has read
     assert behind.behind() == {0: (0, 5)} and await behind.wait(0.01) is False
+
+
+async def test_a_stopping_router_waits_no_more() -> None:
+    catch_up = HeartbeatCatchUp()
+    waiter = asyncio.create_task(catch_up.wait(60))
+    await asyncio.sleep(0.01)
+    catch_up.end()
+    assert await asyncio.wait_for(waiter, 1) is False

@@ -240,6 +240,7 @@ async def catch_up_on_heartbeats() -> bool:
 
 async def stop_background() -> None:
     dispatcher.stopping = True  # waiting handlers give their shards back
+    heartbeats_read.end()  # ... those waiting for the heartbeats too
     if background.is_set():  # else stopped before it started
         running = background.get()
         running.monitor.cancel()

@@ -167,6 +167,7 @@ class HeartbeatCatchUp:
 
     def __init__(self) -> None:
         self.done = asyncio.Event()
+        self._ended = asyncio.Event()  # the router stops: nobody waits any more
         self._seen: dict[int, int] = {}  # partition -> next offset to read
         self._ends: dict[int, int] = {}  # the last end offsets read
         self._progress = asyncio.Event()
@@ -200,9 +201,17 @@ class HeartbeatCatchUp:
         """partition -> (next offset to read, end offset) of the partitions not read yet."""
         return {p: (self._seen.get(p, 0), end) for p, end in self._ends.items() if self._seen.get(p, 0) < end}
 
+    def end(self) -> None:
+        """The router stops: every waiter returns at once."""
+        self._ended.set()
+
     async def wait(self, timeout_s: float) -> bool:
         """True once caught up; False when `timeout_s` passed first (the router goes on with
-        what it has read)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.done.wait(), timeout_s)
+        what it has read) or the router stops (`end`)."""
+        waits = [asyncio.ensure_future(self.done.wait()), asyncio.ensure_future(self._ended.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
         return self.done.is_set()
