@@ -590,7 +590,10 @@ class ToyTokenizer:
 
 class ToyEngine(TokenizerEngine):
     """A pass scores each target token -1 (greedy when it is a vowel); records the passes'
-    shapes; runs out of memory on passes of more than `fits` rows."""
+    shapes; runs out of memory on passes of more than `fits` rows. Whole rows only (shared
+    contexts: test_shared_context.py)."""
+
+    shares_contexts = False
 
     def __init__(self, context_window: int = 64, fits: int = 99) -> None:
         self.tokenizer = ToyTokenizer()

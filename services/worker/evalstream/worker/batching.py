@@ -65,12 +65,12 @@ def padding_ratio(lengths: Sequence[int]) -> float:
 # number, bit for bit, in any call.
 
 
-def score_bucket(n: int, cap: int | None = None) -> int:
-    """n rounded up to a step of an eighth to a quarter of n (at least 8): a padded length
-    wastes at most a quarter; never above `cap` (the context window), never below n."""
+def score_bucket(n: int, cap: int | None = None, *, min_step: int = 8) -> int:
+    """n rounded up to a step of an eighth to a quarter of n (at least `min_step`): a padded
+    length wastes at most a quarter; never above `cap` (the context window), never below n."""
     if n < 1:
         raise ValueError(f"a scoring row has at least one token, got {n}")
-    step = max(8, 1 << max(0, (n - 1).bit_length() - 3))
+    step = max(min_step, 1 << max(0, (n - 1).bit_length() - 3))
     bucket = -(-n // step) * step
     return max(n, min(bucket, cap)) if cap is not None else bucket
 
@@ -99,6 +99,7 @@ def plan_score_passes(
     pass_tokens: int,
     max_rows: int,
     cap: int | None = None,
+    min_step: int = 8,
 ) -> list[ScorePass]:
     """Forward passes for rows of `lengths` tokens whose last `scored` positions are scored:
     rows grouped by (width bucket, kept-logits bucket), shortest first, in passes of a fixed
@@ -112,8 +113,8 @@ def plan_score_passes(
     for i, (n, k) in enumerate(zip(lengths, scored, strict=True)):
         if not 1 <= k <= n:
             raise ValueError(f"row {i}: {k} scored positions of {n}")
-        width = score_bucket(n, cap)
-        groups.setdefault((width, min(width, score_bucket(k))), []).append(i)
+        width = score_bucket(n, cap, min_step=min_step)
+        groups.setdefault((width, min(width, score_bucket(k, min_step=min_step))), []).append(i)
     passes = []
     for (width, keep), members in sorted(groups.items()):
         size = rows_per_pass(width, pass_tokens=pass_tokens, max_rows=max_rows)

@@ -189,7 +189,10 @@ def load_engine(spec: str, settings: WorkerSettings, *, role: str = "model") -> 
         from evalstream.worker.engines.hf import HFEngine
 
         assert path is not None
-        engine = HFEngine(path, name=name, cache_dir=Path(settings.resolved_model_cache_dir))
+        from evalstream.worker.engines.model_thread import on_model_thread
+
+        # loaded where it will run (model_thread.py: one OpenMP team per process)
+        engine = on_model_thread(HFEngine, path, name=name, cache_dir=Path(settings.resolved_model_cache_dir))
     elif parsed.scheme == "ov":
         from evalstream.worker.engines.ov import OpenVINOEngine, SchedulerLimits
 

@@ -85,6 +85,7 @@ class HFEngine(TokenizerEngine):
         self._eos_ids = sorted(i for i in eos_ids if i is not None)
         self._end_ids = {*self._eos_ids, self.tokenizer.pad_token_id}
         self._lock = threading.Lock()  # one generate() at a time: the model is not reentrant
+        self.shares_contexts = _plain_key_value_cache(self.model.config)
         self.load_seconds = time.perf_counter() - started
         log.info(
             "loaded %s on %s in %.1f s (revision %s)",
@@ -164,6 +165,59 @@ class HFEngine(TokenizerEngine):
             kept = torch.cat([logits[row, keep - len(r.targets) :] for row, r in enumerate(rows)])
         return sum_logprobs(kept, [r.targets for r in rows])
 
+    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
+        """shared_context's context pass: right-padded, no mask, the logits of each row's
+        last token and the key/value cache."""
+        import torch
+        from transformers import DynamicCache
+
+        input_ids = torch.full((len(contexts), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+        for row, ids in enumerate(contexts):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+        last = torch.tensor([[len(ids) - 1] for ids in contexts], dtype=torch.long)
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=input_ids.to(self._device),
+                logits_to_keep=last.to(self._device),
+                cache=cache,
+                use_cache=True,
+            ).logits
+        layers: list[Any] = list(cache.layers)  # full-attention layers: keys and values
+        return logits[:, 0], [t for layer in layers for t in (layer.keys, layer.values)]
+
+    def _tail_pass(
+        self,
+        state: list[Any],
+        context_lengths: Sequence[int],
+        context_width: int,
+        tails: Sequence[list[int]],
+        width: int,
+    ) -> Any:
+        """shared_context's tail pass: each row sees its own context's real tokens (the
+        padding after them masked) and follows them in position."""
+        import torch
+        from transformers import DynamicCache
+
+        rows = len(tails)
+        input_ids = torch.full((rows, width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+        mask = torch.ones((rows, context_width + width), dtype=torch.long)
+        for row, (tail, n) in enumerate(zip(tails, context_lengths, strict=True)):
+            input_ids[row, : len(tail)] = torch.tensor(tail)
+            mask[row, n:context_width] = 0
+        positions = torch.tensor(context_lengths, dtype=torch.long)[:, None] + torch.arange(width)
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(len(state) // 2):
+            cache.update(state[2 * layer], state[2 * layer + 1], layer)
+        with torch.inference_mode():
+            return self.model(
+                input_ids=input_ids.to(self._device),
+                attention_mask=mask.to(self._device),
+                position_ids=positions.to(self._device),
+                cache=cache,
+                use_cache=True,
+            ).logits
+
     def _free_memory(self) -> None:
         import torch
 
@@ -196,6 +250,17 @@ class _RowStop:
                 )
                 done[row] = any(s in tail for s in stops)
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _plain_key_value_cache(config: Any) -> bool:
+    """Whether every layer keeps plain keys and values (full attention), which a context's
+    state shared between continuations needs (shared_context.py); sliding windows and
+    recurrent layers score whole rows."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layers = DynamicCache(config=config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _pick_device(requested: str | None) -> tuple[torch.device, torch.dtype, str]:

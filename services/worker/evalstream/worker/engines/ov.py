@@ -133,6 +133,9 @@ class OpenVINOEngine(TokenizerEngine):
         source = Path(source).expanduser()
         self.name = name or f"ov:{source}"
         self.precision = precision
+        # contexts are shared through a copy of the key/value state, which numpy holds in
+        # fp32 (the fast mode may keep it in a type numpy has not)
+        self.shares_contexts = precision == "fp32"
         model_dir, weights_id = resolve_weights(source, cache_dir)
         ir_root = Path(cache_dir).expanduser() if cache_dir is not None else model_dir.parent
         self.ir_dir = ensure_openvino_ir(model_dir, weights_id, ir_root)
@@ -218,6 +221,62 @@ class OpenVINOEngine(TokenizerEngine):
             [logits[row, len(r.ids) - len(r.targets) : len(r.ids)] for row, r in enumerate(rows)]
         )
         return sum_logprobs(torch.from_numpy(kept), [r.targets for r in rows])
+
+    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
+        """shared_context's context pass (as _score_pass, the state reset first): the logits
+        of each row's last token and a copy of the key/value state."""
+        import numpy as np
+        import torch
+
+        request = self._score_request()
+        input_ids = np.full((len(contexts), width), int(self.tokenizer.pad_token_id), dtype=np.int64)
+        for row, ids in enumerate(contexts):
+            input_ids[row, : len(ids)] = ids
+        request.reset_state()
+        request.infer(
+            {
+                "input_ids": input_ids,
+                "attention_mask": np.ones_like(input_ids),
+                "position_ids": np.broadcast_to(np.arange(width, dtype=np.int64), input_ids.shape).copy(),
+                "beam_idx": np.arange(len(contexts), dtype=np.int32),
+            }
+        )
+        logits = request.get_tensor("logits").data
+        first = np.stack([logits[row, len(ids) - 1] for row, ids in enumerate(contexts)])
+        state = [torch.from_numpy(s.state.data.copy()) for s in request.query_state()]
+        return torch.from_numpy(first), state
+
+    def _tail_pass(
+        self,
+        state: list[Any],
+        context_lengths: Sequence[int],
+        context_width: int,
+        tails: Sequence[list[int]],
+        width: int,
+    ) -> Any:
+        """shared_context's tail pass: the state set to the rows' contexts, each row masked
+        to its own context's real tokens and positioned after them."""
+        import numpy as np
+        import openvino
+        import torch
+
+        request = self._score_request()
+        for variable, rows in zip(request.query_state(), state, strict=True):
+            variable.state = openvino.Tensor(np.ascontiguousarray(rows.numpy()))
+        input_ids = np.full((len(tails), width), int(self.tokenizer.pad_token_id), dtype=np.int64)
+        mask = np.ones((len(tails), context_width + width), dtype=np.int64)
+        for row, (tail, n) in enumerate(zip(tails, context_lengths, strict=True)):
+            input_ids[row, : len(tail)] = tail
+            mask[row, n:context_width] = 0
+        request.infer(
+            {
+                "input_ids": input_ids,
+                "attention_mask": mask,
+                "position_ids": np.asarray(context_lengths, dtype=np.int64)[:, None] + np.arange(width),
+                "beam_idx": np.arange(len(tails), dtype=np.int32),
+            }
+        )
+        return torch.from_numpy(request.get_tensor("logits").data.copy())
 
     def _score_request(self) -> Any:
         if self._scorer is None:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from evalstream.common.messages import ChatMessage, GenerationParams
 from evalstream.worker.batching import ScorePass, plan_score_passes
@@ -28,6 +28,8 @@ from evalstream.worker.engines.base import (
     plain_prompt,
 )
 from evalstream.worker.engines.loglikelihood import ScoreRow, encode_pair, rolling_windows, score_row
+from evalstream.worker.engines.model_thread import on_model_thread
+from evalstream.worker.engines.shared_context import SharedContextModel, score_shared, shareable
 
 log = logging.getLogger("evalstream.worker.engines.hf")  # as before the split
 
@@ -118,7 +120,9 @@ class TokenizerEngine:
     plans passes by length (plan_score_passes: right-padded rows, no attention mask, as
     lm-eval feeds them: a row's real tokens never see the padding after them; a pass's shape
     depends on each of its rows alone) and sums the log-softmax of the continuation's tokens;
-    subclasses run one pass (_score_pass)."""
+    subclasses run one pass (_score_pass). Pairs that hold their whole context run each
+    distinct context once (shared_context.py; subclasses run its two passes). Every call
+    runs on the process's model thread (model_thread.py)."""
 
     tokenizer: Any
     context_window: int
@@ -126,6 +130,7 @@ class TokenizerEngine:
     _end_ids: set[int]
     score_pass_tokens: int = SCORE_PASS_LIMITS["cpu"][0]
     score_max_rows: int = SCORE_PASS_LIMITS["cpu"][1]
+    shares_contexts: bool = True  # pairs run their context once (shared_context.py)
 
     def render_prompt(self, messages: list[ChatMessage]) -> str:
         if not self.tokenizer.chat_template:
@@ -141,6 +146,15 @@ class TokenizerEngine:
         return len(self._encode(text))
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
+        return on_model_thread(self._generate_requests, requests)
+
+    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+        return on_model_thread(self._loglikelihood, requests)
+
+    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+        return on_model_thread(self._loglikelihood_rolling, requests)
+
+    def _generate_requests(self, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
         results: list[GenOutput | EngineError | None] = [None] * len(requests)
         groups: dict[tuple[Any, ...], list[PreparedRequest]] = {}
         for i, request in enumerate(requests):
@@ -167,7 +181,7 @@ class TokenizerEngine:
 
     # -- scoring --
 
-    def loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
+    def _loglikelihood(self, requests: list[LLRequest]) -> list[LLOutput | EngineError]:
         rows: list[ScoreRow] = []
         errors: dict[int, EngineError] = {}
         for i, request in enumerate(requests):
@@ -178,9 +192,9 @@ class TokenizerEngine:
                 errors[i] = exc
             except Exception as exc:  # a tokenizer that rejects the text
                 errors[i] = PermanentEngineError(f"cannot tokenise the request: {type(exc).__name__}: {exc}")
-        return self._score_requests(len(requests), rows, errors)
+        return self._score_requests(len(requests), rows, errors, share=self.shares_contexts)
 
-    def loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
+    def _loglikelihood_rolling(self, requests: list[RollingRequest]) -> list[LLOutput | EngineError]:
         rows: list[ScoreRow] = []
         errors: dict[int, EngineError] = {}
         for i, request in enumerate(requests):
@@ -197,11 +211,11 @@ class TokenizerEngine:
         return self._score_requests(len(requests), rows, errors)
 
     def _score_requests(
-        self, n: int, rows: list[ScoreRow], errors: dict[int, EngineError]
+        self, n: int, rows: list[ScoreRow], errors: dict[int, EngineError], *, share: bool = False
     ) -> list[LLOutput | EngineError]:
         """Scores the rows and sums them per request (a rolling document has several)."""
         started = time.perf_counter()
-        scores = self._score_rows(rows)
+        scores = self._score_rows(rows, share=share)
         latency_ms = (time.perf_counter() - started) * 1000
         totals: dict[int, list[Any]] = {}  # request -> [ll, greedy, read, scored, truncated]
         for row, score in zip(rows, scores, strict=True):
@@ -228,20 +242,34 @@ class TokenizerEngine:
                 out.append(TransientEngineError("no score"))
         return out
 
-    def _score_rows(self, rows: list[ScoreRow]) -> list[tuple[float, bool] | EngineError]:
+    def _score_rows(
+        self, rows: list[ScoreRow], *, share: bool = False
+    ) -> list[tuple[float, bool] | EngineError]:
         """Every row's (log-likelihood, greedy), in passes whose shape depends on each row
-        alone (plan_score_passes), so that a row's numbers do not depend on the call."""
+        alone (plan_score_passes), so that a row's numbers do not depend on the call; with
+        `share`, the pairs that hold their whole context run it once (shared_context.py)."""
         out: list[tuple[float, bool] | EngineError | None] = [None] * len(rows)
+        rest = list(range(len(rows)))  # rows run whole
+        if share:
+            shared = [i for i in rest if shareable(rows[i])]
+            rest = [i for i in rest if not shareable(rows[i])]
+            with self._lock:
+                try:
+                    for i, result in self._score_shared(rows, shared).items():
+                        out[i] = result
+                except Exception as exc:  # out of memory, a bug: the pairs run as whole rows
+                    log.exception("scoring with shared contexts failed (%s): whole rows instead", exc)
+                    rest += [i for i in shared if out[i] is None]
         plan = plan_score_passes(
-            [len(r.ids) for r in rows],
-            [len(r.targets) for r in rows],
+            [len(rows[i].ids) for i in rest],
+            [len(rows[i].targets) for i in rest],
             pass_tokens=self.score_pass_tokens,
             max_rows=self.score_max_rows,
             cap=self.context_window,
         )
         with self._lock:
             for score_pass in plan:
-                group = [rows[i] for i in score_pass.rows]
+                group = [rows[rest[i]] for i in score_pass.rows]
 
                 def run(
                     part: Sequence[ScoreRow], p: ScorePass = score_pass, whole: list[ScoreRow] = group
@@ -255,8 +283,20 @@ class TokenizerEngine:
                     why = f"scoring failed: {type(exc).__name__}: {exc}"
                     scores = [TransientEngineError(why) for _ in group]
                 for i, score in zip(score_pass.rows, scores, strict=True):
-                    out[i] = score
+                    out[rest[i]] = score
         return [o if o is not None else TransientEngineError("no score") for o in out]
+
+    def _score_shared(self, rows: list[ScoreRow], indices: list[int]) -> dict[int, tuple[float, bool]]:
+        if not indices:
+            return {}
+        return score_shared(
+            cast(SharedContextModel, self),
+            rows,
+            indices,
+            pass_tokens=self.score_pass_tokens,
+            max_rows=self.score_max_rows,
+            cap=self.context_window,
+        )
 
     def _run_pass(
         self, score_pass: ScorePass, rows: Sequence[ScoreRow], *, fill: bool = True

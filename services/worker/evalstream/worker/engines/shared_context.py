@@ -1,0 +1,166 @@
+"""Scoring (context, continuation) pairs with the context run once: a multiple-choice item's
+choices share their question, so its tokens go through the model once, not once per choice
+(MMLU's one-token answers need nothing more; BIG-bench's dates need ~3x fewer tokens).
+
+Two kinds of pass, both of a fixed shape per length bucket (batching.plan_score_passes), so
+that a pair's numbers depend on nothing but the pair (the answer cache stays exact):
+
+* a **context pass** runs distinct contexts, right-padded, without a mask (lm-eval's way: a
+  row's real tokens never see the padding after them): the logits at each context's last
+  token (they score the continuation's first token) and the key/value state of every row;
+* a **tail pass** runs continuations but their last token ("tails") on top of the state of
+  their contexts (of one context width), each row masked to its own context's real tokens
+  and positioned after them: the logits that score the rest of the continuation.
+
+The sums are lm-eval's (loglikelihood.sum_logprobs). Pairs whose context was cut to fit the
+window are not shared: they go through the engine's whole-row passes. The engine runs the two
+passes (SharedContextModel); this module plans them and puts the scores together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from evalstream.worker.batching import ScorePass, plan_score_passes
+from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
+
+# context passes whose states are kept at once: the tail passes of their continuations are
+# then filled from all of them (fewer rows computed only to keep the shape fixed)
+CONTEXT_PASSES_AT_ONCE = 8
+TAIL_ROWS_FACTOR = 4  # a tail pass may hold this many times a whole-row pass's rows (short rows)
+# tails are short (a choice's tokens): padded to a step of 1 up to 8 tokens, then an eighth
+# (whole rows step by 8 at least: 9-token tails would be 16 wide)
+TAIL_MIN_STEP = 1
+
+
+class SharedContextModel(Protocol):
+    """The two passes an engine runs (torch tensors in and out, on the CPU or the device)."""
+
+    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
+        """(logits at each row's last token: rows x vocabulary, the key/value state: a list
+        of batch-first tensors) of the contexts right-padded to `width`."""
+        ...
+
+    def _tail_pass(
+        self,
+        state: list[Any],
+        context_lengths: Sequence[int],
+        context_width: int,
+        tails: Sequence[list[int]],
+        width: int,
+    ) -> Any:
+        """Logits (rows x `width` x vocabulary) of the tails right-padded to `width`, row i on
+        top of state row i, which holds `context_lengths[i]` real tokens of `context_width`."""
+        ...
+
+
+@dataclass(frozen=True)
+class SharedRow:
+    """A pair scored through its context's state."""
+
+    row: int  # its index in the call's rows
+    context: int  # its context's index
+    tail: list[int]  # the continuation but its last token: the tail pass's input
+    targets: list[int]
+
+
+def shareable(row: ScoreRow) -> bool:
+    """A pair whose row holds its whole context (not cut to fit the window)."""
+    return not row.truncated and 0 < row.context_tokens <= len(row.ids)
+
+
+def split_contexts(
+    rows: Sequence[ScoreRow], indices: Sequence[int]
+) -> tuple[list[list[int]], list[SharedRow]]:
+    """The distinct contexts of the rows at `indices`, and each row's part."""
+    contexts: dict[tuple[int, ...], int] = {}
+    shared: list[SharedRow] = []
+    for i in indices:
+        row = rows[i]
+        context = tuple(row.ids[: row.context_tokens])
+        index = contexts.setdefault(context, len(contexts))
+        shared.append(SharedRow(i, index, row.ids[row.context_tokens :], row.targets))
+    return [list(c) for c in contexts], shared
+
+
+def context_passes(
+    contexts: Sequence[list[int]], *, pass_tokens: int, max_rows: int, cap: int | None
+) -> Iterator[list[ScorePass]]:
+    """The context passes, those of one width together, at most CONTEXT_PASSES_AT_ONCE."""
+    plan = plan_score_passes(
+        [len(c) for c in contexts], [1] * len(contexts), pass_tokens=pass_tokens, max_rows=max_rows, cap=cap
+    )
+    chunk: list[ScorePass] = []
+    for p in plan:
+        if chunk and (p.width != chunk[0].width or len(chunk) == CONTEXT_PASSES_AT_ONCE):
+            yield chunk
+            chunk = []
+        chunk.append(p)
+    if chunk:
+        yield chunk
+
+
+def filled(members: Sequence[int], size: int) -> list[int]:
+    """A pass's members repeated from the first up to its fixed size."""
+    return [*members, *[members[0]] * (size - len(members))]
+
+
+def score_shared(
+    model: SharedContextModel,
+    rows: Sequence[ScoreRow],
+    indices: Sequence[int],
+    *,
+    pass_tokens: int,
+    max_rows: int,
+    cap: int | None,
+) -> dict[int, tuple[float, bool]]:
+    """(log-likelihood, greedy) of each shareable row at `indices`, by row index."""
+    import torch
+
+    contexts, shared = split_contexts(rows, indices)
+    by_context: dict[int, list[SharedRow]] = {}
+    for s in shared:
+        by_context.setdefault(s.context, []).append(s)
+    out: dict[int, tuple[float, bool]] = {}
+    for chunk in context_passes(contexts, pass_tokens=pass_tokens, max_rows=max_rows, cap=cap):
+        width = chunk[0].width
+        slot: dict[int, int] = {}  # context -> its row in the chunk's states, one after the other
+        firsts, states = [], []
+        for p in chunk:
+            padded = filled(p.rows, p.size)
+            first, state = model._context_pass(width, [contexts[c] for c in padded])
+            for c in p.rows:
+                slot[c] = len(slot)
+            firsts.append(first[: len(p.rows)])
+            states.append([t[: len(p.rows)] for t in state])
+        first_logits = torch.cat(firsts)
+        state_rows = [torch.cat(parts) for parts in zip(*states, strict=True)]
+        members = [s for p in chunk for c in p.rows for s in by_context[c]]
+        tails = [s for s in members if s.tail]
+        logits: dict[int, Any] = {}
+        tail_plan = plan_score_passes(
+            [len(s.tail) for s in tails],
+            [len(s.tail) for s in tails],
+            pass_tokens=pass_tokens,
+            max_rows=max_rows * TAIL_ROWS_FACTOR,
+            min_step=TAIL_MIN_STEP,
+        )
+        for p in tail_plan:
+            part = [tails[i] for i in filled(p.rows, p.size)]
+            picked = torch.tensor([slot[s.context] for s in part], device=first_logits.device)
+            result = model._tail_pass(
+                [t.index_select(0, picked) for t in state_rows],
+                [len(contexts[s.context]) for s in part],
+                width,
+                [s.tail for s in part],
+                p.width,
+            )
+            for k, s in enumerate(part[: len(p.rows)]):
+                logits[s.row] = result[k, : len(s.tail)]
+        for s in members:
+            first = first_logits[slot[s.context]][None]
+            kept = torch.cat([first, logits[s.row]]) if s.tail else first
+            [out[s.row]] = sum_logprobs(kept, [s.targets])
+    return out
