@@ -117,12 +117,9 @@ def set_up_lmeval() -> Setup:
     """lm-eval's venv, the safetensors the worker's hf engine reads, and lm-eval's backends."""
     venv = ensure_lmeval_venv()
     from evalstream.common.settings import Settings
-    from evalstream.worker.engines import bundled_model_path
-    from evalstream.worker.engines.hf import ensure_safetensors_cache, file_sha256
 
     settings = Settings.from_env()
-    gguf = bundled_model_path("smollm2-135m-instruct")
-    model_dir = ensure_safetensors_cache(gguf, Path(settings.resolved_model_cache_dir), file_sha256(gguf))
+    model_dir = lmeval.bundled_model_files()
     recording.log(f"lm-eval venv {venv}; model files {model_dir}")
     backends, ov_backend = lmeval.backends(model_dir, VENV)
     return Setup(venv, settings, model_dir, backends, ov_backend)
@@ -383,21 +380,12 @@ def main() -> None:
             },
             "lmeval_venv": setup.venv,
             "lmeval_openvino_backend": setup.ov_backend,
-            "lmeval_faithful_backends": sweep.faithful,
             "lmeval_start": {
                 k: {x: v for x, v in d.ready.items() if x != "ready"} for k, d in drivers.items()
             },
             "prompts_identical": engine_prompt is not None and engine_prompt == first_prompt,
             "first_prompt": first_prompt,
-            "lmeval_cli_sweep": [
-                {k: v for k, v in x.items() if k != "responses"} for runs in sweep.cli.values() for x in runs
-            ],
-            "lmeval_generate_sweep": [
-                {k: v for k, v in x.items() if k not in ("responses", "first_prompt")}
-                for runs in sweep.gen.values()
-                for x in runs
-            ],
-            "best_batch_size": {"cli": sweep.best_cli, "generate": sweep.best_gen},
+            **sweep.record(),
             "repeats": reps,
             "medians": medians(reps, ratios, "openvino" in drivers),
             "goals": goal_rows,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import benchstack, inprocess, interference, lmeval, paths, pure, recording
+from bench.harness import arms, benchstack, inprocess, interference, lmeval, paths, pure, recording
 from bench.harness.venvs import LMEVAL_VERSION, VENV, ensure_lmeval_venv
 
 NAME = "against_lmeval_mc"
@@ -163,27 +162,10 @@ def evalctl_task(spec: str, limit: int | None, items: dict[str, Any]) -> dict[st
     inprocess.clear_answer_cache()
     other = interference.Interference()
     load = os.getloadavg()[0]
-    argv = [
-        str(paths.ROOT / ".venv" / "bin" / "evalctl"),
-        "submit",
-        "--task",
-        str(TASK_YAML),
-        "--task-root",
-        str(TASK_DIR),
-        "--data-dir",
-        str(DATA_DIR),
-        "--model",
-        spec,
-        "--wait",
-        "--json",
+    seconds, summary = arms.timed_submit(
+        "--task", str(TASK_YAML), "--task-root", str(TASK_DIR), "--data-dir", str(DATA_DIR), "--model", spec,
         *(["--limit", str(limit)] if limit else []),
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"evalctl submit --task exited with {proc.returncode}: {proc.stderr[-2000:]}")
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    )  # fmt: skip
     docs: dict[str, dict[str, Any]] = {}
     graded_as_formula = 0
     failed = 0
@@ -267,13 +249,7 @@ def main() -> None:
     benchstack.use_bench_stack()
     benchstack.ensure_up()
     venv = ensure_lmeval_venv()
-    from evalstream.common.settings import Settings
-    from evalstream.worker.engines import bundled_model_path
-    from evalstream.worker.engines.hf import ensure_safetensors_cache, file_sha256
-
-    settings = Settings.from_env()
-    gguf = bundled_model_path("smollm2-135m-instruct")
-    model_dir = ensure_safetensors_cache(gguf, Path(settings.resolved_model_cache_dir), file_sha256(gguf))
+    model_dir = lmeval.bundled_model_files()
     items = task_items(limit)
     recording.log(f"{len(items)} documents; lm-eval venv {venv['path']}; model files {model_dir}")
 

@@ -16,7 +16,6 @@ reported too.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import shutil
@@ -84,29 +83,23 @@ def first_shard_s(pid: int, timeout: float) -> float:
 def log_events(log: Path, since_bytes: int) -> dict[str, Any]:
     """Timestamps (Unix time) of the start-up lines the worker logged after `since_bytes`."""
     out: dict[str, Any] = {}
-    with log.open("rb") as f:
-        f.seek(since_bytes)
-        for raw in f:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            msg, ts = str(rec.get("msg", "")), rec.get("ts")
-            if not ts:
-                continue
-            t = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
-            if PRELOAD.search(msg) and "preload_started" not in out:
-                out["preload_started"] = t
-            m = LOADED.search(msg)
-            if m and "engine_loaded" not in out:
-                out["engine_loaded"] = t
-                out["engine_load_s"] = float(m.group(2))
-                out["engine"] = m.group(3) or m.group(1)
-            w = WEIGHTS.search(msg)
-            if w and "weights_s" not in out:
-                out["weights_s"] = float(w.group(3))
-            if "de-quantising" in msg and "dequantise_started" not in out:
-                out["dequantise_started"] = t
+    for rec in benchstack.log_records(log, since_bytes):
+        msg, ts = str(rec.get("msg", "")), rec.get("ts")
+        if not ts:
+            continue
+        t = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+        if PRELOAD.search(msg) and "preload_started" not in out:
+            out["preload_started"] = t
+        m = LOADED.search(msg)
+        if m and "engine_loaded" not in out:
+            out["engine_loaded"] = t
+            out["engine_load_s"] = float(m.group(2))
+            out["engine"] = m.group(3) or m.group(1)
+        w = WEIGHTS.search(msg)
+        if w and "weights_s" not in out:
+            out["weights_s"] = float(w.group(3))
+        if "de-quantising" in msg and "dequantise_started" not in out:
+            out["dequantise_started"] = t
     return out
 
 

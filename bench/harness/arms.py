@@ -14,6 +14,17 @@ from typing import Any
 from bench.harness import data, inprocess, interference, paths, pipeline_runs
 
 
+def timed_submit(*args: str) -> tuple[float, dict[str, Any]]:
+    """`evalctl submit ARGS --wait --json` from start to exit: (seconds, the run's summary)."""
+    argv = [str(paths.ROOT / ".venv" / "bin" / "evalctl"), "submit", *args, "--wait", "--json"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"evalctl submit exited with {proc.returncode}: {proc.stderr[-2000:]}")
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def evalctl_submit_wait(rows: list[dict[str, Any]], spec: str, max_tokens: int, name: str) -> dict[str, Any]:
     """`evalctl submit --wait` as a user runs it, from start to exit (interpreter start,
     validation, upload, the whole run, its report); the answer cache emptied first."""
@@ -22,28 +33,10 @@ def evalctl_submit_wait(rows: list[dict[str, Any]], spec: str, max_tokens: int, 
     before = inprocess.engine_calls()
     other = interference.Interference()
     load = os.getloadavg()[0]
-    argv = [
-        str(paths.ROOT / ".venv" / "bin" / "evalctl"),
-        "submit",
-        str(path),
-        "--model",
-        spec,
-        "--max-tokens",
-        str(max_tokens),
-        "--grader",
-        "exact",
-        "--name",
-        name,
-        "--wait",
-        "--json",
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
-    seconds = time.perf_counter() - t0
+    seconds, summary = timed_submit(
+        str(path), "--model", spec, "--max-tokens", str(max_tokens), "--grader", "exact", "--name", name
+    )
     path.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"evalctl submit --wait exited with {proc.returncode}: {proc.stderr[-2000:]}")
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
     calls = inprocess.delta(inprocess.engine_calls(), before)
     return {
         "spec": spec,

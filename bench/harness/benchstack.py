@@ -11,8 +11,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.harness.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
 from bench.harness.pure import MetricKey, parse_prometheus
@@ -193,11 +194,31 @@ def wait_http(url: str, timeout: float) -> float:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
 
 
-def logged_errors(log: Path, since: int) -> dict[str, int]:
-    """Error messages (by exception type) a service logged (JSON lines) since byte `since`."""
-    out: dict[str, int] = {}
+def log_records(log: Path, since: int) -> Iterator[dict[str, Any]]:
+    """The records a service logged (JSON lines) since byte `since`; other lines skipped."""
     if not log.exists():
-        return out
+        return
+    with log.open("rb") as f:
+        f.seek(since)
+        for raw in f:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                yield rec
+
+
+def logged_errors(log: Path, since: int) -> dict[str, int]:
+    """Error messages (by exception type) a service logged since byte `since`."""
+    out: dict[str, int] = {}
+    for rec in log_records(log, since):
+        if rec.get("level") == "ERROR":
+            exc = str(rec.get("exc") or rec.get("msg") or "")
+            last = exc.strip().splitlines()[-1] if exc.strip() else "?"
+            key = last.split(":")[0][:80]
+            out[key] = out.get(key, 0) + 1
+    return out
     with log.open("rb") as f:
         f.seek(since)
         for raw in f:

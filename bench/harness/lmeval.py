@@ -30,6 +30,18 @@ OV_FP32_CONFIG = {
 }
 
 
+def bundled_model_files() -> Path:
+    """The bundled model's safetensors folder, as the worker's hf engine reads it: lm-eval
+    loads the same files."""
+    from evalstream.common.settings import Settings
+    from evalstream.worker.engines import bundled_model_path
+    from evalstream.worker.engines.hf import ensure_safetensors_cache, file_sha256
+
+    gguf = bundled_model_path("smollm2-135m-instruct")
+    cache = Path(Settings.from_env().resolved_model_cache_dir)
+    return ensure_safetensors_cache(gguf, cache, file_sha256(gguf))
+
+
 @dataclass(frozen=True)
 class Backend:
     """One lm-eval backend as the CLI and the driver run it."""
@@ -227,6 +239,21 @@ class Sweep:
     best_gen: dict[str, int]
     faithful: list[str]
     agreement: dict[str, float]  # each backend's answers identical to its hf backend's
+
+    def record(self) -> dict[str, Any]:
+        """The sweep as a result file keeps it (without the answers)."""
+        return {
+            "lmeval_faithful_backends": self.faithful,
+            "lmeval_cli_sweep": [
+                {k: v for k, v in x.items() if k != "responses"} for runs in self.cli.values() for x in runs
+            ],
+            "lmeval_generate_sweep": [
+                {k: v for k, v in x.items() if k not in ("responses", "first_prompt")}
+                for runs in self.gen.values()
+                for x in runs
+            ],
+            "best_batch_size": {"cli": self.best_cli, "generate": self.best_gen},
+        }
 
 
 def sweep(

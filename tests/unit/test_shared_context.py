@@ -11,6 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +19,7 @@ from evalstream.worker.batching import ScorePass
 from evalstream.worker.engines.base import LLOutput, LLRequest
 from evalstream.worker.engines.loglikelihood import score_row
 from evalstream.worker.engines.model_thread import on_model_thread
-from evalstream.worker.engines.shared_context import context_passes, shareable, split_contexts
+from evalstream.worker.engines.shared_context import TailInputs, context_passes, shareable, split_contexts
 from evalstream.worker.engines.tokenizer_engine import TokenizerEngine
 
 VOCAB = 128
@@ -63,26 +64,23 @@ class SharingToy(TokenizerEngine):
         logits[..., FAVOURED] = 10.0
         return logits
 
-    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
-        assert all(len(c) <= width for c in contexts)
-        self.context_shapes.append((len(contexts), width))
-        self.context_rows += contexts
-        return self._logits(len(contexts)), [torch.tensor([[len(c)] for c in contexts])]
+    def _context_pass(self, input_ids: np.ndarray, lengths: Sequence[int]) -> tuple[Any, list[Any]]:
+        assert all((row[n:] == 0).all() for row, n in zip(input_ids, lengths, strict=True))  # right-padded
+        self.context_shapes.append(input_ids.shape)
+        self.context_rows += [row[:n].tolist() for row, n in zip(input_ids, lengths, strict=True)]
+        return self._logits(len(lengths)), [torch.tensor([[n] for n in lengths])]
 
-    def _tail_pass(
-        self,
-        state: list[Any],
-        context_lengths: Sequence[int],
-        context_width: int,
-        tails: Sequence[list[int]],
-        width: int,
-    ) -> Any:
+    def _tail_pass(self, state: list[Any], inputs: TailInputs) -> Any:
         if self.fail_tails:
             raise RuntimeError("toy device fault")
-        assert state[0][:, 0].tolist() == list(context_lengths)  # each row on its own context
-        assert all(len(t) <= width for t in tails) and max(context_lengths) <= context_width
-        self.tail_shapes.append((len(tails), context_width, width))
-        return self._logits(len(tails), width)
+        rows, width = inputs.input_ids.shape
+        context_width = inputs.attention_mask.shape[1] - width
+        lengths = state[0][:, 0].tolist()  # each row on its own context's state
+        assert (inputs.position_ids[:, 0] == lengths).all()
+        for row, n in enumerate(lengths):  # its context's real tokens, then its tail
+            assert inputs.attention_mask[row].tolist() == [1] * n + [0] * (context_width - n) + [1] * width
+        self.tail_shapes.append((rows, context_width, width))
+        return self._logits(rows, width)
 
     def _score_pass(self, score_pass: ScorePass, rows: Sequence[Any]) -> list[tuple[float, bool]]:
         self.whole_rows += len(rows)

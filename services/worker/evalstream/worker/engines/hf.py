@@ -23,6 +23,7 @@ from evalstream.common.messages import GenerationParams
 from evalstream.worker.batching import ScorePass
 from evalstream.worker.engines.base import EngineError, GenOutput
 from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
+from evalstream.worker.engines.shared_context import TailInputs
 from evalstream.worker.engines.tokenizer_engine import (
     SCORE_PASS_LIMITS,
     PreparedRequest,
@@ -33,6 +34,7 @@ from evalstream.worker.engines.tokenizer_engine import (
 from evalstream.worker.engines.weights import ensure_safetensors_cache, file_sha256, resolve_weights
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 # bench/ imports the weights cache from here, where it lived before weights.py
@@ -165,20 +167,17 @@ class HFEngine(TokenizerEngine):
             kept = torch.cat([logits[row, keep - len(r.targets) :] for row, r in enumerate(rows)])
         return sum_logprobs(kept, [r.targets for r in rows])
 
-    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
-        """shared_context's context pass: right-padded, no mask, the logits of each row's
-        last token and the key/value cache."""
+    def _context_pass(self, input_ids: np.ndarray, lengths: Sequence[int]) -> tuple[Any, list[Any]]:
+        """shared_context's context pass: the logits of each row's last token (the only ones
+        computed) and the key/value cache."""
         import torch
         from transformers import DynamicCache
 
-        input_ids = torch.full((len(contexts), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
-        for row, ids in enumerate(contexts):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-        last = torch.tensor([[len(ids) - 1] for ids in contexts], dtype=torch.long)
+        last = torch.tensor([[n - 1] for n in lengths], dtype=torch.long)
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             logits = self.model(
-                input_ids=input_ids.to(self._device),
+                input_ids=torch.from_numpy(input_ids).to(self._device),
                 logits_to_keep=last.to(self._device),
                 cache=cache,
                 use_cache=True,
@@ -186,34 +185,18 @@ class HFEngine(TokenizerEngine):
         layers: list[Any] = list(cache.layers)  # full-attention layers: keys and values
         return logits[:, 0], [t for layer in layers for t in (layer.keys, layer.values)]
 
-    def _tail_pass(
-        self,
-        state: list[Any],
-        context_lengths: Sequence[int],
-        context_width: int,
-        tails: Sequence[list[int]],
-        width: int,
-    ) -> Any:
-        """shared_context's tail pass: each row sees its own context's real tokens (the
-        padding after them masked) and follows them in position."""
+    def _tail_pass(self, state: list[Any], inputs: TailInputs) -> Any:
         import torch
         from transformers import DynamicCache
 
-        rows = len(tails)
-        input_ids = torch.full((rows, width), int(self.tokenizer.pad_token_id), dtype=torch.long)
-        mask = torch.ones((rows, context_width + width), dtype=torch.long)
-        for row, (tail, n) in enumerate(zip(tails, context_lengths, strict=True)):
-            input_ids[row, : len(tail)] = torch.tensor(tail)
-            mask[row, n:context_width] = 0
-        positions = torch.tensor(context_lengths, dtype=torch.long)[:, None] + torch.arange(width)
         cache = DynamicCache(config=self.model.config)
         for layer in range(len(state) // 2):
             cache.update(state[2 * layer], state[2 * layer + 1], layer)
         with torch.inference_mode():
             return self.model(
-                input_ids=input_ids.to(self._device),
-                attention_mask=mask.to(self._device),
-                position_ids=positions.to(self._device),
+                input_ids=torch.from_numpy(inputs.input_ids).to(self._device),
+                attention_mask=torch.from_numpy(inputs.attention_mask).to(self._device),
+                position_ids=torch.from_numpy(inputs.position_ids).to(self._device),
                 cache=cache,
                 use_cache=True,
             ).logits

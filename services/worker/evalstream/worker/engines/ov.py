@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evalstream.common.messages import GenerationParams
 from evalstream.worker.batching import ScorePass
@@ -48,9 +48,13 @@ from evalstream.worker.engines.base import (
 )
 from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
 from evalstream.worker.engines.ov_convert import IR_XML, ensure_openvino_ir
+from evalstream.worker.engines.shared_context import TailInputs
 from evalstream.worker.engines.tokenizer import load_tokenizer
 from evalstream.worker.engines.tokenizer_engine import PreparedRequest, TokenizerEngine, split_on_oom
 from evalstream.worker.engines.weights import resolve_weights
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -222,40 +226,31 @@ class OpenVINOEngine(TokenizerEngine):
         )
         return sum_logprobs(torch.from_numpy(kept), [r.targets for r in rows])
 
-    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
+    def _context_pass(self, input_ids: np.ndarray, lengths: Sequence[int]) -> tuple[Any, list[Any]]:
         """shared_context's context pass (as _score_pass, the state reset first): the logits
         of each row's last token and a copy of the key/value state."""
         import numpy as np
         import torch
 
         request = self._score_request()
-        input_ids = np.full((len(contexts), width), int(self.tokenizer.pad_token_id), dtype=np.int64)
-        for row, ids in enumerate(contexts):
-            input_ids[row, : len(ids)] = ids
         request.reset_state()
         request.infer(
             {
                 "input_ids": input_ids,
                 "attention_mask": np.ones_like(input_ids),
-                "position_ids": np.broadcast_to(np.arange(width, dtype=np.int64), input_ids.shape).copy(),
-                "beam_idx": np.arange(len(contexts), dtype=np.int32),
+                "position_ids": np.broadcast_to(
+                    np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape
+                ).copy(),
+                "beam_idx": np.arange(len(lengths), dtype=np.int32),
             }
         )
         logits = request.get_tensor("logits").data
-        first = np.stack([logits[row, len(ids) - 1] for row, ids in enumerate(contexts)])
+        first = np.stack([logits[row, n - 1] for row, n in enumerate(lengths)])
         state = [torch.from_numpy(s.state.data.copy()) for s in request.query_state()]
         return torch.from_numpy(first), state
 
-    def _tail_pass(
-        self,
-        state: list[Any],
-        context_lengths: Sequence[int],
-        context_width: int,
-        tails: Sequence[list[int]],
-        width: int,
-    ) -> Any:
-        """shared_context's tail pass: the state set to the rows' contexts, each row masked
-        to its own context's real tokens and positioned after them."""
+    def _tail_pass(self, state: list[Any], inputs: TailInputs) -> Any:
+        """The state set to the rows' contexts (the IR keeps it inside the request)."""
         import numpy as np
         import openvino
         import torch
@@ -263,17 +258,12 @@ class OpenVINOEngine(TokenizerEngine):
         request = self._score_request()
         for variable, rows in zip(request.query_state(), state, strict=True):
             variable.state = openvino.Tensor(np.ascontiguousarray(rows.numpy()))
-        input_ids = np.full((len(tails), width), int(self.tokenizer.pad_token_id), dtype=np.int64)
-        mask = np.ones((len(tails), context_width + width), dtype=np.int64)
-        for row, (tail, n) in enumerate(zip(tails, context_lengths, strict=True)):
-            input_ids[row, : len(tail)] = tail
-            mask[row, n:context_width] = 0
         request.infer(
             {
-                "input_ids": input_ids,
-                "attention_mask": mask,
-                "position_ids": np.asarray(context_lengths, dtype=np.int64)[:, None] + np.arange(width),
-                "beam_idx": np.arange(len(tails), dtype=np.int32),
+                "input_ids": inputs.input_ids,
+                "attention_mask": inputs.attention_mask,
+                "position_ids": inputs.position_ids,
+                "beam_idx": np.arange(len(inputs.input_ids), dtype=np.int32),
             }
         )
         return torch.from_numpy(request.get_tensor("logits").data.copy())

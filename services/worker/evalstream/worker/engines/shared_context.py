@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from evalstream.worker.batching import ScorePass, plan_score_passes
 from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
 
@@ -35,24 +37,51 @@ TAIL_ROWS_FACTOR = 4  # a tail pass may hold this many times a whole-row pass's 
 TAIL_MIN_STEP = 1
 
 
-class SharedContextModel(Protocol):
-    """The two passes an engine runs (torch tensors in and out, on the CPU or the device)."""
+@dataclass(frozen=True)
+class TailInputs:
+    """A tail pass's inputs: each row masked to its own context's real tokens (the padding
+    after them in the state is not seen) and positioned after them."""
 
-    def _context_pass(self, width: int, contexts: Sequence[list[int]]) -> tuple[Any, list[Any]]:
-        """(logits at each row's last token: rows x vocabulary, the key/value state: a list
-        of batch-first tensors) of the contexts right-padded to `width`."""
-        ...
+    input_ids: np.ndarray  # rows x width: the tails, right-padded
+    attention_mask: np.ndarray  # rows x (context width + width)
+    position_ids: np.ndarray  # rows x width
 
-    def _tail_pass(
-        self,
-        state: list[Any],
+    @classmethod
+    def of(
+        cls,
+        tails: Sequence[list[int]],
         context_lengths: Sequence[int],
         context_width: int,
-        tails: Sequence[list[int]],
         width: int,
-    ) -> Any:
-        """Logits (rows x `width` x vocabulary) of the tails right-padded to `width`, row i on
-        top of state row i, which holds `context_lengths[i]` real tokens of `context_width`."""
+        pad: int,
+    ) -> TailInputs:
+        mask = np.ones((len(tails), context_width + width), dtype=np.int64)
+        for row, n in enumerate(context_lengths):
+            mask[row, n:context_width] = 0
+        positions = np.asarray(context_lengths, dtype=np.int64)[:, None] + np.arange(width, dtype=np.int64)
+        return cls(right_padded(tails, width, pad), mask, positions)
+
+
+def right_padded(rows: Sequence[list[int]], width: int, pad: int) -> np.ndarray:
+    """Rows of token ids padded on the right to `width` (int64)."""
+    out = np.full((len(rows), width), pad, dtype=np.int64)
+    for i, ids in enumerate(rows):
+        out[i, : len(ids)] = ids
+    return out
+
+
+class SharedContextModel(Protocol):
+    """The two passes an engine runs (torch tensors out, on the CPU or the device)."""
+
+    pad_id: int
+
+    def _context_pass(self, input_ids: np.ndarray, lengths: Sequence[int]) -> tuple[Any, list[Any]]:
+        """(logits at each row's last real token: rows x vocabulary, the key/value state: a
+        list of batch-first tensors) of right-padded contexts run without a mask."""
+        ...
+
+    def _tail_pass(self, state: list[Any], inputs: TailInputs) -> Any:
+        """Logits (rows x width x vocabulary) of the tails, row i on top of state row i."""
         ...
 
 
@@ -130,7 +159,10 @@ def score_shared(
         firsts, states = [], []
         for p in chunk:
             padded = filled(p.rows, p.size)
-            first, state = model._context_pass(width, [contexts[c] for c in padded])
+            rows_in = [contexts[c] for c in padded]
+            first, state = model._context_pass(
+                right_padded(rows_in, width, model.pad_id), [len(c) for c in rows_in]
+            )
             for c in p.rows:
                 slot[c] = len(slot)
             firsts.append(first[: len(p.rows)])
@@ -150,13 +182,10 @@ def score_shared(
         for p in tail_plan:
             part = [tails[i] for i in filled(p.rows, p.size)]
             picked = torch.tensor([slot[s.context] for s in part], device=first_logits.device)
-            result = model._tail_pass(
-                [t.index_select(0, picked) for t in state_rows],
-                [len(contexts[s.context]) for s in part],
-                width,
-                [s.tail for s in part],
-                p.width,
+            inputs = TailInputs.of(
+                [s.tail for s in part], [len(contexts[s.context]) for s in part], width, p.width, model.pad_id
             )
+            result = model._tail_pass([t.index_select(0, picked) for t in state_rows], inputs)
             for k, s in enumerate(part[: len(p.rows)]):
                 logits[s.row] = result[k, : len(s.tail)]
         for s in members:

@@ -132,6 +132,10 @@ class TokenizerEngine:
     score_max_rows: int = SCORE_PASS_LIMITS["cpu"][1]
     shares_contexts: bool = True  # pairs run their context once (shared_context.py)
 
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
     def render_prompt(self, messages: list[ChatMessage]) -> str:
         if not self.tokenizer.chat_template:
             return plain_prompt(messages)
