@@ -41,7 +41,7 @@ from evalstream.common.messages import GenerationParams, JobSpec, Shard, ShardRe
 from evalstream.common.settings import Settings  # noqa: E402
 from evalstream.common.topics_admin import ensure_topics  # noqa: E402
 from tests.e2e.helpers import arithmetic_items, write_jsonl  # noqa: E402
-from tests.e2e.test_router_e2e import (  # noqa: E402
+from tests.e2e.router_helpers import (  # noqa: E402
     create_topic,
     publish_heartbeats,
     replay_answers,

@@ -9,7 +9,7 @@ they depend on (markers evaluated for Linux x86_64, CPython 3.11, as in python:3
 the version requirements.lock pins. The dependency graph is read from the project's virtual
 environment, which is built from requirements.lock, so run this with .venv/bin/python after the
 lock changes. The Dockerfiles install these files with `--no-deps` and then run `pip check`, so a
-file that is not closed under dependencies fails the image build (and tests/unit/test_compose.py
+file that is not closed under dependencies fails the image build (and tests/unit/test_compose_images.py
 fails before that).
 """
 

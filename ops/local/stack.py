@@ -35,7 +35,7 @@ from localstack.prometheus import worker_ports  # noqa: E402
 from localstack.services import all_procs, host_client_env  # noqa: E402
 from localstack.supervise import clean, down, named_host, ps, show_hosts, up  # noqa: E402
 
-# What other tools read from this module (tests/unit/test_compose.py, bench/).
+# What other tools read from this module (tests/unit/compose_files.py, bench/).
 __all__ = [
     "KAFKA_PORT",
     "PG_PORT",

@@ -1,7 +1,7 @@
 """docker-compose.yml and docker-compose.gpu.yml as Docker Compose itself reads them:
 `docker-compose config` (no engine needed), the CLI built from the Go module proxy on first use
 and cached (ops/local/localstack/installs.py). The schema and the settings are checked in
-tests/unit/test_compose.py; here, what Compose resolves: the CPU default, the GPU override, and
+tests/unit/test_compose_shape.py and tests/unit/test_compose_env.py; here, what Compose resolves: the CPU default, the GPU override, and
 that Compose refuses a broken file and a missing .env.
 """
 

@@ -1,5 +1,5 @@
-"""Helpers for end-to-end tests: submit runs through evalctl or straight to Kafka, and
-read back what the pipeline stored."""
+"""Helpers for end-to-end tests: submit runs through evalctl (a replay run among them) or
+straight to Kafka, and read back what the pipeline stored."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+from tests.replay_files import replay_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 EVALCTL = [sys.executable, "-m", "evalstream.cli"]
@@ -36,6 +38,26 @@ def submit_wait(dataset: Path, *extra: str, timeout: float = 600) -> dict[str, A
         "submit", str(dataset), "--wait", "--json", "--timeout", str(timeout), *extra, timeout=timeout + 60
     )
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def replay_run(tmp: Path, name: str, items: list[dict[str, Any]], answers: dict[str, str]) -> dict[str, Any]:
+    replay = write_jsonl(
+        replay_dir() / f"{name}-answers.jsonl", [{"id": k, "response": v} for k, v in answers.items()]
+    )
+    summary = submit_wait(
+        write_jsonl(tmp / f"{name}.jsonl", items),
+        "--model",
+        f"replay:{replay}",
+        "--shard-size",
+        "5",
+        "--max-attempts",
+        "1",
+        "--name",
+        name,
+        timeout=240,
+    )
+    assert summary["status"] == "completed", summary
+    return summary
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:

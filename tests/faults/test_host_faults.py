@@ -33,9 +33,11 @@ from evalstream.common import topics
 from evalstream.common.messages import ShardResult, decode
 from evalstream.common.settings import SERVICE_PORTS, Settings
 from evalstream.common.topics_admin import ensure_topics
-from tests.faults.harness import PORT_OFFSET, Scenario, scaled, stack_cmd, wait_for
-from tests.faults.test_scenarios import DEADLINE_S, Group, verdict
-from tests.support import ServiceProcess, admin_settings, host_env, read_records, stack_hosts
+from tests.faults.evidence import PORT_OFFSET
+from tests.faults.harness import scaled, wait_for
+from tests.faults.scenario import Scenario
+from tests.faults.scenario_tools import DEADLINE_S, Group, verdict
+from tests.support import ServiceProcess, admin_settings, host_env, read_records, stack_cmd, stack_hosts
 
 pytestmark = [pytest.mark.stack, pytest.mark.faults, pytest.mark.hosts]
 

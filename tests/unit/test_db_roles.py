@@ -1,7 +1,7 @@
 """The table of database grants (libs/common db_roles.py) against the SQL each component's
 code runs: every table a component reads or writes is granted to its role, and nothing beyond
 that is; every table the migrations create is classified; the SQL for the roles is what
-PostgreSQL needs. The grants on the real database: tests/integration/test_store_privileges.py."""
+PostgreSQL needs. The grants on the real database: tests/integration/test_store_privileges_postgres.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The table of S3 identities (libs/common s3_identities.py) against the object names each
 component writes and reads: each may write exactly its own objects, users only their uploads;
-the router and workers have no key pair. On the real store: tests/integration/test_store_privileges.py."""
+the router and workers have no key pair. On the real store: tests/integration/test_store_privileges_s3.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the groups it builds on. `Settings` holds every group, for the CLI, the tests an
 benchmarks. Every variable the code reads goes through here (`DEFAULTS` lists them).
 
 The same variable names are used by docker-compose.yml, the local stack (`make up`) and
-tests; `tests/unit/test_compose.py` keeps the three in agreement.
+tests; `tests/unit/test_compose_env.py` keeps the three in agreement.
 """
 
 from __future__ import annotations
