@@ -48,7 +48,7 @@ from evalstream.worker.engines.base import (
 )
 from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
 from evalstream.worker.engines.ov_convert import IR_XML, ensure_openvino_ir
-from evalstream.worker.engines.shared_context import TailInputs
+from evalstream.worker.engines.shared_context import TailInputs, right_padded
 from evalstream.worker.engines.tokenizer import load_tokenizer
 from evalstream.worker.engines.tokenizer_engine import PreparedRequest, TokenizerEngine, split_on_oom
 from evalstream.worker.engines.weights import resolve_weights
@@ -199,38 +199,37 @@ class OpenVINOEngine(TokenizerEngine):
         self._scorer = None
 
     def _score_pass(self, score_pass: ScorePass, rows: Sequence[ScoreRow]) -> list[tuple[float, bool]]:
-        """One pass of the IR compiled for logits: right-padded rows, position ids from 0, the
+        """One pass of the IR compiled for scoring: right-padded rows, position ids from 0, the
         attention mask all ones (a row's tokens never see the padding after them, as in the
-        hf engine's pass without a mask), the KV state reset first."""
+        hf engine's pass without a mask), the KV state reset first; the logits of each row's
+        last `keep` positions only."""
         import numpy as np
         import torch
 
-        request = self._score_request()
-        input_ids = np.full((len(rows), score_pass.width), int(self.tokenizer.pad_token_id), dtype=np.int64)
-        for row, r in enumerate(rows):
-            input_ids[row, : len(r.ids)] = r.ids
-        request.reset_state()
-        request.infer(
-            {
-                "input_ids": input_ids,
-                "attention_mask": np.ones_like(input_ids),
-                "position_ids": np.broadcast_to(
-                    np.arange(score_pass.width, dtype=np.int64), input_ids.shape
-                ).copy(),
-                "beam_idx": np.arange(len(rows), dtype=np.int32),
-            }
+        input_ids = right_padded([r.ids for r in rows], score_pass.width, self.pad_id)
+        keep = score_pass.keep
+        positions = np.maximum(
+            np.asarray([len(r.ids) - keep for r in rows], dtype=np.int64)[:, None] + np.arange(keep), 0
         )
-        logits = request.get_tensor("logits").data  # a view of the request's output: copy what is kept
-        kept = np.concatenate(
-            [logits[row, len(r.ids) - len(r.targets) : len(r.ids)] for row, r in enumerate(rows)]
-        )
+        logits = self._infer_from_start(input_ids, positions)
+        kept = np.concatenate([logits[row, keep - len(r.targets) :] for row, r in enumerate(rows)])
         return sum_logprobs(torch.from_numpy(kept), [r.targets for r in rows])
 
     def _context_pass(self, input_ids: np.ndarray, lengths: Sequence[int]) -> tuple[Any, list[Any]]:
-        """shared_context's context pass (as _score_pass, the state reset first): the logits
-        of each row's last token and a copy of the key/value state."""
+        """shared_context's context pass: the logits of each row's last token (the only ones
+        computed) and a copy of the key/value state."""
         import numpy as np
         import torch
+
+        last = np.asarray([[n - 1] for n in lengths], dtype=np.int64)
+        first = self._infer_from_start(input_ids, last)[:, 0].copy()
+        state = [torch.from_numpy(s.state.data.copy()) for s in self._score_request().query_state()]
+        return torch.from_numpy(first), state
+
+    def _infer_from_start(self, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """The scoring request run on right-padded rows from an empty state: the logits at
+        `positions` (rows x kept), a view of the request's output."""
+        import numpy as np
 
         request = self._score_request()
         request.reset_state()
@@ -241,13 +240,11 @@ class OpenVINOEngine(TokenizerEngine):
                 "position_ids": np.broadcast_to(
                     np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape
                 ).copy(),
-                "beam_idx": np.arange(len(lengths), dtype=np.int32),
+                "beam_idx": np.arange(len(input_ids), dtype=np.int32),
+                KEEP_INPUT: positions,
             }
         )
-        logits = request.get_tensor("logits").data
-        first = np.stack([logits[row, n - 1] for row, n in enumerate(lengths)])
-        state = [torch.from_numpy(s.state.data.copy()) for s in request.query_state()]
-        return torch.from_numpy(first), state
+        return request.get_tensor("logits").data
 
     def _tail_pass(self, state: list[Any], inputs: TailInputs) -> Any:
         """The state set to the rows' contexts (the IR keeps it inside the request)."""
@@ -256,14 +253,16 @@ class OpenVINOEngine(TokenizerEngine):
         import torch
 
         request = self._score_request()
-        for variable, rows in zip(request.query_state(), state, strict=True):
-            variable.state = openvino.Tensor(np.ascontiguousarray(rows.numpy()))
+        for variable, part in zip(request.query_state(), state, strict=True):
+            variable.state = openvino.Tensor(np.ascontiguousarray(part.numpy()))
+        rows, width = inputs.input_ids.shape
         request.infer(
             {
                 "input_ids": inputs.input_ids,
                 "attention_mask": inputs.attention_mask,
                 "position_ids": inputs.position_ids,
                 "beam_idx": np.arange(len(inputs.input_ids), dtype=np.int32),
+                KEEP_INPUT: np.broadcast_to(np.arange(width, dtype=np.int64), (rows, width)).copy(),
             }
         )
         return torch.from_numpy(request.get_tensor("logits").data.copy())
@@ -271,7 +270,8 @@ class OpenVINOEngine(TokenizerEngine):
     def _score_request(self) -> Any:
         if self._scorer is None:
             started = time.perf_counter()
-            compiled = self._core.compile_model(str(self.ir_dir / IR_XML), DEVICE, self._compile_properties)
+            model = keep_only_positions(self._core.read_model(str(self.ir_dir / IR_XML)))
+            compiled = self._core.compile_model(model, DEVICE, self._compile_properties)
             self._scorer = compiled.create_infer_request()
             log.info("compiled %s for scoring in %.1f s", self.name, time.perf_counter() - started)
         return self._scorer
@@ -324,6 +324,32 @@ class OpenVINOEngine(TokenizerEngine):
                 continue
             results.append(self._output(p, generated, latency_ms))
         return results
+
+
+KEEP_INPUT = "logits_positions"  # the scoring IR's extra input: rows x kept positions
+
+
+def keep_only_positions(model: Any) -> Any:
+    """The IR with the language-model head applied to the hidden states at the positions of a
+    new input (rows x kept) only, as transformers' logits_to_keep: the head (576 x 49,152 for
+    SmolLM2-135M) costs a quarter of the body per position, and scoring needs few positions."""
+    import openvino
+    from openvino import opset13
+
+    [result] = model.get_results()
+    head = result.input_value(0).get_node()
+    if head.get_type_name() != "MatMul":
+        raise PermanentEngineError(
+            f"the IR's logits come from a {head.get_type_name()}, not the head's MatMul"
+        )
+    positions = opset13.parameter([-1, -1], openvino.Type.i64, name=KEEP_INPUT)
+    positions.output(0).get_tensor().set_names({KEEP_INPUT})
+    hidden = head.input_value(0)
+    picked = opset13.gather(hidden, positions, axis=1, batch_dims=1)
+    head.input(0).replace_source_output(picked.output(0))
+    model.add_parameters([positions])
+    model.validate_nodes_and_infer_types()
+    return model
 
 
 def _ov_value(openvino: Any, key: str, value: str) -> Any:
