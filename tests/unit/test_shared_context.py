@@ -19,7 +19,13 @@ from evalstream.worker.batching import ScorePass
 from evalstream.worker.engines.base import LLOutput, LLRequest
 from evalstream.worker.engines.loglikelihood import score_row
 from evalstream.worker.engines.model_thread import on_model_thread
-from evalstream.worker.engines.shared_context import TailInputs, context_passes, shareable, split_contexts
+from evalstream.worker.engines.shared_context import (
+    CONTEXT_TOKENS_AT_ONCE,
+    TailInputs,
+    context_passes,
+    shareable,
+    split_contexts,
+)
 from evalstream.worker.engines.tokenizer_engine import TokenizerEngine
 
 VOCAB = 128
@@ -140,9 +146,10 @@ def test_planning_helpers() -> None:
     contexts, shared = split_contexts(rows, [0, 1, 2])
     assert [len(c) for c in contexts] == [3, 5] and [s.context for s in shared] == [0, 0, 1]
     assert [s.tail for s in shared] == [[ord(" ")], [ord(" "), ord("b")], [ord(" ")]]
-    chunks = list(context_passes([[1] * 5] * 40 + [[1] * 20] * 3, pass_tokens=64, max_rows=4, cap=None))
+    chunks = list(context_passes([[1] * 5] * 4000 + [[1] * 20] * 3, pass_tokens=64, max_rows=4, cap=None))
     assert all(len({p.width for p in chunk}) == 1 for chunk in chunks)  # one width per chunk
-    assert max(len(chunk) for chunk in chunks) <= 8
+    assert max(sum(p.size * p.width for p in chunk) for chunk in chunks) <= CONTEXT_TOKENS_AT_ONCE
+    assert sum(len(p.rows) for chunk in chunks for p in chunk) == 4003
 
 
 def test_every_call_runs_on_one_model_thread() -> None:
@@ -158,3 +165,19 @@ def test_every_call_runs_on_one_model_thread() -> None:
     for t in threads:
         t.join()
     assert len(seen) == 1 and threading.get_ident() not in seen
+
+
+def test_scoring_calls_are_larger_than_generation_batches() -> None:
+    from types import SimpleNamespace
+
+    from evalstream.worker.runner import ModelRunner, RunnerConfig
+    from evalstream.worker.runner.model_runner import SCORING_CALL_FACTOR
+
+    runner = ModelRunner(RunnerConfig(group="g"), lambda _spec: None, None)  # type: ignore[arg-type,return-value]
+    engine = SimpleNamespace(name="hf:/models/x", device="cpu")
+    _, max_items = RunnerConfig(group="g").batch_limits("hf:/models/x", "cpu")
+    lengths = [10] * (max_items * SCORING_CALL_FACTOR + 1)
+    generation = runner.plan(engine, lengths)  # type: ignore[arg-type]
+    scoring = runner.plan(engine, lengths, scoring=True)  # type: ignore[arg-type]
+    assert max(len(b) for b in generation) == max_items
+    assert [len(b) for b in scoring] == [max_items * SCORING_CALL_FACTOR, 1]

@@ -28,9 +28,10 @@ import numpy as np
 from evalstream.worker.batching import ScorePass, plan_score_passes
 from evalstream.worker.engines.loglikelihood import ScoreRow, sum_logprobs
 
-# context passes whose states are kept at once: the tail passes of their continuations are
-# then filled from all of them (fewer rows computed only to keep the shape fixed)
-CONTEXT_PASSES_AT_ONCE = 8
+# context tokens (padded) whose states are kept at once, at least one pass: the tail passes
+# of their continuations are filled from all of them (fewer rows computed only to keep the
+# shape fixed); SmolLM2-135M's state is 46 KB a token in fp32, a 7B model's ~130 KB in bf16
+CONTEXT_TOKENS_AT_ONCE = 8192
 TAIL_ROWS_FACTOR = 4  # a tail pass may hold this many times a whole-row pass's rows (short rows)
 # tails are short (a choice's tokens): padded to a step of 1 up to 8 tokens, then an eighth
 # (whole rows step by 8 at least: 9-token tails would be 16 wide)
@@ -117,13 +118,14 @@ def split_contexts(
 def context_passes(
     contexts: Sequence[list[int]], *, pass_tokens: int, max_rows: int, cap: int | None
 ) -> Iterator[list[ScorePass]]:
-    """The context passes, those of one width together, at most CONTEXT_PASSES_AT_ONCE."""
+    """The context passes, those of one width together, at most CONTEXT_TOKENS_AT_ONCE."""
     plan = plan_score_passes(
         [len(c) for c in contexts], [1] * len(contexts), pass_tokens=pass_tokens, max_rows=max_rows, cap=cap
     )
     chunk: list[ScorePass] = []
     for p in plan:
-        if chunk and (p.width != chunk[0].width or len(chunk) == CONTEXT_PASSES_AT_ONCE):
+        full = sum(q.size * q.width for q in chunk) + p.size * p.width > CONTEXT_TOKENS_AT_ONCE
+        if chunk and (p.width != chunk[0].width or full):
             yield chunk
             chunk = []
         chunk.append(p)
@@ -171,7 +173,6 @@ def score_shared(
         state_rows = [torch.cat(parts) for parts in zip(*states, strict=True)]
         members = [s for p in chunk for c in p.rows for s in by_context[c]]
         tails = [s for s in members if s.tail]
-        logits: dict[int, Any] = {}
         tail_plan = plan_score_passes(
             [len(s.tail) for s in tails],
             [len(s.tail) for s in tails],
@@ -186,10 +187,10 @@ def score_shared(
                 [s.tail for s in part], [len(contexts[s.context]) for s in part], width, p.width, model.pad_id
             )
             result = model._tail_pass([t.index_select(0, picked) for t in state_rows], inputs)
-            for k, s in enumerate(part[: len(p.rows)]):
-                logits[s.row] = result[k, : len(s.tail)]
+            for k, s in enumerate(part[: len(p.rows)]):  # summed now: a pass's logits are large
+                kept = torch.cat([first_logits[slot[s.context]][None], result[k, : len(s.tail)]])
+                [out[s.row]] = sum_logprobs(kept, [s.targets])
         for s in members:
-            first = first_logits[slot[s.context]][None]
-            kept = torch.cat([first, logits[s.row]]) if s.tail else first
-            [out[s.row]] = sum_logprobs(kept, [s.targets])
+            if not s.tail:  # a one-token continuation: the context pass scored it
+                [out[s.row]] = sum_logprobs(first_logits[slot[s.context]][None], [s.targets])
     return out

@@ -47,6 +47,7 @@ from evalstream.worker.runner.items import Answered, Failure, Outcome, Pending, 
 from evalstream.worker.runner.scoring import score_all
 
 log = logging.getLogger("evalstream.worker")
+SCORING_CALL_FACTOR = 8  # scoring calls: 8x the batch limits (1,024 requests for hf on a CPU)
 
 Out = TypeVar("Out")
 
@@ -194,12 +195,21 @@ class ModelRunner:
         return answered
 
     def plan(
-        self, engine: Engine, lengths: list[int], *, max_new_tokens: int | Sequence[int] = 0
+        self,
+        engine: Engine,
+        lengths: list[int],
+        *,
+        max_new_tokens: int | Sequence[int] = 0,
+        scoring: bool = False,
     ) -> list[list[int]]:
         """An engine's requests (by their lengths in tokens) in batches under its token budget;
         one batch for an API engine, which paces its requests itself (the token budget is a
-        device's limit)."""
+        device's limit). Scoring requests go in calls SCORING_CALL_FACTOR times as large: the
+        engine plans its own passes, and the more of an item's neighbours a call holds, the
+        fewer rows it computes only to keep a pass's shape fixed."""
         token_budget, max_items = self.config.batch_limits(engine.name, engine.device)
+        if scoring:
+            token_budget, max_items = token_budget * SCORING_CALL_FACTOR, max_items * SCORING_CALL_FACTOR
         if getattr(engine, "schedules_itself", False):
             return [list(range(len(lengths)))]
         return plan_batches(

@@ -89,7 +89,7 @@ async def score_group(
     """The requests of one engine and kind, in batches by length under the engine's token
     budget; returns the fresh cache entries."""
     engine, rolling = group[0][0].engine, group[0][0].rolling
-    plan = runner.plan(engine, [s.tokens[j] for s, j in group])
+    plan = runner.plan(engine, [s.tokens[j] for s, j in group], scoring=True)
     fresh: list[tuple[str, str, CachedAnswer]] = []
     for batch_idx in plan:
         batch = [group[i] for i in batch_idx]
