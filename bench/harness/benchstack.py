@@ -219,16 +219,3 @@ def logged_errors(log: Path, since: int) -> dict[str, int]:
             key = last.split(":")[0][:80]
             out[key] = out.get(key, 0) + 1
     return out
-    with log.open("rb") as f:
-        f.seek(since)
-        for raw in f:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if rec.get("level") == "ERROR":
-                exc = str(rec.get("exc") or rec.get("msg") or "")
-                last = exc.strip().splitlines()[-1] if exc.strip() else "?"
-                key = last.split(":")[0][:80]
-                out[key] = out.get(key, 0) + 1
-    return out
