@@ -177,7 +177,7 @@ def test_scoring_calls_are_larger_than_generation_batches() -> None:
     engine = SimpleNamespace(name="hf:/models/x", device="cpu")
     _, max_items = RunnerConfig(group="g").batch_limits("hf:/models/x", "cpu")
     lengths = [10] * (max_items * SCORING_CALL_FACTOR + 1)
-    generation = runner.plan(engine, lengths)  # type: ignore[arg-type]
-    scoring = runner.plan(engine, lengths, scoring=True)  # type: ignore[arg-type]
+    generation = runner.plan(engine, lengths)
+    scoring = runner.plan(engine, lengths, scoring=True)
     assert max(len(b) for b in generation) == max_items
     assert [len(b) for b in scoring] == [max_items * SCORING_CALL_FACTOR, 1]

@@ -6,8 +6,10 @@ Pipeline code depends on this Protocol only, so pipeline tests run with the `nul
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from evalstream.common.messages import ChatMessage, GenerationParams
 
@@ -35,6 +37,29 @@ class TransientEngineError(EngineError):
 
 class PermanentEngineError(EngineError):
     transient = False
+
+
+R = TypeVar("R")
+Out = TypeVar("Out")
+
+
+def guarded_call(
+    name: str, call: Callable[[list[R]], list[Out]], requests: Sequence[R], what: str
+) -> list[Out | EngineError]:
+    """call(requests) for an engine's batch: an engine that raises, or returns the wrong
+    number of outputs, fails each of its requests transiently (so that they go through
+    eval.retry and the DLQ instead of looping the whole batch)."""
+    try:
+        outputs: list[Out | EngineError] = list(call(list(requests)))
+    except Exception as exc:
+        logging.getLogger("evalstream.worker").exception(
+            "engine %s raised on a %s batch of %d", name, what, len(requests)
+        )
+        return [TransientEngineError(f"{type(exc).__name__}: {exc}") for _ in requests]
+    if len(outputs) != len(requests):
+        error = f"engine {name} returned {len(outputs)} {what} outputs for {len(requests)} requests"
+        return [TransientEngineError(error) for _ in requests]
+    return outputs
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from evalstream.worker.engines.base import (
     EngineError,
     GenOutput,
     GenRequest,
-    TransientEngineError,
+    guarded_call,
 )
 from evalstream.worker.grading_pool import GradingPool
 from evalstream.worker.runner.grading import grade_all
@@ -242,17 +242,7 @@ class ModelRunner:
 
     @staticmethod
     def _generate(engine: Engine, requests: list[GenRequest]) -> list[GenOutput | EngineError]:
-        """An engine that raises instead of returning errors fails its requests transiently,
-        so they go through eval.retry and the DLQ instead of looping the whole batch."""
-        try:
-            outputs = engine.generate(requests)
-        except Exception as exc:
-            log.exception("engine %s raised on a batch of %d", engine.name, len(requests))
-            return [TransientEngineError(f"{type(exc).__name__}: {exc}") for _ in requests]
-        if len(outputs) != len(requests):
-            error = f"engine {engine.name} returned {len(outputs)} outputs for {len(requests)} requests"
-            return [TransientEngineError(error) for _ in requests]
-        return outputs
+        return guarded_call(engine.name, engine.generate, requests, "generation")
 
     async def cache_lookup(self, keys: list[str]) -> dict[str, CachedAnswer]:
         """The cache only saves work: while PostgreSQL is unreachable, everything is a miss."""

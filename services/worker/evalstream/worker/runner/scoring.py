@@ -22,7 +22,7 @@ from evalstream.worker.engines.base import (
     LLRequest,
     PermanentEngineError,
     RollingRequest,
-    TransientEngineError,
+    guarded_call,
 )
 from evalstream.worker.runner.items import Answered, Failure, Outcome, ScoringItem
 
@@ -128,18 +128,10 @@ async def score_group(
 def score(
     engine: Engine, rolling: bool, requests: Sequence[LLRequest | RollingRequest]
 ) -> list[LLOutput | EngineError]:
-    """Like ModelRunner._generate: an engine that raises fails its requests transiently; one that
-    does not score at all fails them for good."""
+    """The engine's scores (engines.base.guarded_call); an engine that does not score at all
+    fails the requests for good."""
     method = getattr(engine, "loglikelihood_rolling" if rolling else "loglikelihood", None)
     if method is None:
         why = f"engine {engine.name} does not score log-likelihoods"
         return [PermanentEngineError(why) for _ in requests]
-    try:
-        outputs: list[LLOutput | EngineError] = method(list(requests))
-    except Exception as exc:
-        log.exception("engine %s raised on a scoring batch of %d", engine.name, len(requests))
-        return [TransientEngineError(f"{type(exc).__name__}: {exc}") for _ in requests]
-    if len(outputs) != len(requests):
-        error = f"engine {engine.name} returned {len(outputs)} scores for {len(requests)} requests"
-        return [TransientEngineError(error) for _ in requests]
-    return outputs
+    return guarded_call(engine.name, method, requests, "scoring")
