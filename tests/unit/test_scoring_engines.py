@@ -34,7 +34,7 @@ from evalstream.worker.engines.replay import ReplayEngine
 from evalstream.worker.engines.testhooks import ChaosEngine
 from evalstream.worker.engines.tokenizer_engine import TokenizerEngine
 from evalstream.worker.runner import ModelRunner, RunnerConfig
-from tests.unit.scoring_items import mc_item, scores
+from tests.unit.scoring_items import ToyTokenizer, mc_item, scores
 
 # ---- passes and tokenisation -------------------------------------------------------------------
 
@@ -314,18 +314,6 @@ def test_a_regrade_grades_recorded_scores_without_an_engine() -> None:
 
 
 # ---- the shared tokenizer engine's scoring, with a toy model -----------------------------------
-
-
-class ToyTokenizer:
-    """One token per character (id = code point), BOS 1 never added, pad 0."""
-
-    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids if i > 2)
 
 
 class ToyEngine(TokenizerEngine):

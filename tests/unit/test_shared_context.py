@@ -27,6 +27,7 @@ from evalstream.worker.engines.shared_context import (
     split_contexts,
 )
 from evalstream.worker.engines.tokenizer_engine import TokenizerEngine
+from tests.unit.scoring_items import ToyTokenizer
 
 VOCAB = 128
 FAVOURED = ord("a")  # every position's argmax: a target is greedy when it is "a"
@@ -36,18 +37,6 @@ LOGPROB_OTHER = LOGPROB_A - 10.0
 
 def expected(targets: str) -> tuple[float, bool]:
     return sum(LOGPROB_A if c == "a" else LOGPROB_OTHER for c in targets), set(targets) <= {"a"}
-
-
-class ToyTokenizer:
-    """One token per character (id = code point), BOS 1 never added, pad 0."""
-
-    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": [ord(c) for c in text]}
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids if i > 2)
 
 
 class SharingToy(TokenizerEngine):
