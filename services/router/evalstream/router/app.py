@@ -5,7 +5,8 @@ Each shard goes to a healthy worker group that serves its model, chosen by ROUTE
 (router/fleet.py, router/health.py). Opted-in runs may be sent to a lighter model while the
 requested one violates its SLA (router/sla.py); the shard then carries `served_model`.
 
-Shards of eval.shards arrive in polls (up to ROUTER_BATCH_RECORDS), routed in order within
+Shards of eval.shards arrive in polls (up to ROUTER_BATCH_RECORDS shards and about
+ROUTER_BATCH_BYTES of them, the broker's fetch limit), routed in order within
 each partition and forwarded without waiting for each acknowledgement; a poll is committed
 once all of it is on the broker. eval.retry is read one record at a time by one consumer per
 partition: a retry waits there until it is due, holding only its own partition.
@@ -131,7 +132,14 @@ def _input(topic: str, default_topic: str, default_group: str, *, batch: bool) -
     (many shards, rarely waiting); eval.retry one record at a time, one consumer per
     partition: a retry that waits until it is due holds only its own partition."""
     shape: dict[str, Any] = (
-        {"batch": True, "max_records": settings.router_batch_records, "batch_timeout_ms": 100}
+        {
+            "batch": True,
+            "max_records": settings.router_batch_records,
+            "batch_timeout_ms": 100,
+            # the broker still returns a partition's first record when it is larger (KIP-74)
+            "fetch_max_bytes": settings.router_batch_bytes,
+            "max_partition_fetch_bytes": min(1024 * 1024, settings.router_batch_bytes),
+        }
         if batch
         else {"max_workers": next((t.partitions for t in topics.BASE_TOPICS if t.name == topic), 3)}
     )

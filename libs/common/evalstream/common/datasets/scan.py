@@ -85,8 +85,10 @@ def legacy_content_sha256(items: Any) -> str:
 
 
 def _digest_of_digests(digests: bytes | bytearray) -> str:
-    ordered = np.sort(np.frombuffer(bytes(digests), dtype="S32"))
-    return hashlib.sha256(ordered.tobytes()).hexdigest()
+    """Sorted in place when `digests` is a bytearray (the scan's: no copy of 32 bytes per item)."""
+    ordered = np.frombuffer(digests if isinstance(digests, bytearray) else bytearray(digests), dtype="S32")
+    ordered.sort()
+    return hashlib.sha256(ordered.data).hexdigest()
 
 
 def _hash64(text: str) -> int:
