@@ -37,6 +37,25 @@ async def test_publishing_keeps_a_bounded_number_of_sends_in_flight(monkeypatch:
     assert peak == 4
 
 
+async def test_a_failed_send_fails_the_publishing_and_stops_the_sends_in_flight() -> None:
+    started: list[int] = []
+    finished: list[int] = []
+
+    async def publish(payload: bytes, key: bytes) -> None:
+        n = int(payload)
+        started.append(n)
+        if n == 3:
+            raise RuntimeError("broker refused shard 3")
+        await asyncio.sleep(0.01 * (n % 5))
+        finished.append(n)
+
+    with pytest.raises(RuntimeError, match="shard 3"):
+        await intake.publish_all(((str(i).encode(), b"k") for i in range(1000)), publish)
+    assert 3 in started and len(started) < 1000  # the generator was not drained
+    await asyncio.sleep(0.1)
+    assert 3 not in finished and len(finished) < len(started)  # the sends in flight were cancelled
+
+
 def test_a_job_without_a_shard_size_gets_shards_sized_by_its_set() -> None:
     assert [sharding.auto_shard_size(n) for n in (1, 48, 8_192, 8_193, 15_000, 65_536, 150_000)] == [
         32,
