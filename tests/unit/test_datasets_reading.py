@@ -197,3 +197,25 @@ def test_demo_code_sample_loads_cleanly_and_its_solutions_pass() -> None:
             + f"\ncheck({item.entry_point})\n"
         )
         exec(compile(program, item.id, "exec"), {})  # the gold solution must pass its own test
+
+
+def test_a_question_repeated_with_another_answer_is_warned_against_its_first_asking() -> None:
+    import random
+
+    rnd = random.Random(7)
+    records, first_line, expected = [], {}, []
+    for line in range(1, 2001):
+        q = rnd.randrange(300)  # about 6 askings per question
+        answer = str(rnd.choice([q, q, q, q + 1]))  # a quarter of repeats disagree
+        records.append({"id": f"i{line}", "question": f"What is {q}?", "answer": answer})
+        if q not in first_line:
+            first_line[q] = (line, answer)
+        elif answer != first_line[q][1]:  # compared with the first asking, not the previous
+            expected.append((first_line[q][0], line))
+    loaded = load_dataset(jsonl(*records), "set.jsonl")
+    warned = [
+        (int(w.message.split(f"{w.unit} ")[1].split(")")[0]), w.line)
+        for w in loaded.warnings
+        if "with a different answer" in w.message
+    ]
+    assert len(expected) > 50 and warned == expected
