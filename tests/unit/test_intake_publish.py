@@ -9,12 +9,12 @@ from collections import Counter
 
 import pytest
 
-from evalstream.common import spread
+from evalstream.common import publishing, spread
 from evalstream.common.messages import Item, JobSpec, Shard, decode, encode
-from evalstream.producer import intake, sharding
+from evalstream.producer import sharding
 
 
-async def test_publishing_keeps_a_bounded_number_of_sends_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_publishing_keeps_a_bounded_number_of_sends_in_flight() -> None:
     in_flight = peak = 0
     sent: list[bytes] = []
 
@@ -26,14 +26,12 @@ async def test_publishing_keeps_a_bounded_number_of_sends_in_flight(monkeypatch:
         sent.append(payload)
         in_flight -= 1
 
-    monkeypatch.setattr(intake, "PUBLISH_WINDOW", 50)
     shards = [(f"shard-{i}".encode(), b"k") for i in range(1000)]
-    await intake.publish_all(shards, publish)
+    await publishing.publish_all(shards, publish, window=50)
     assert sorted(sent) == sorted(p for p, _ in shards) and peak == 50
     # and by bytes: 10 messages of 1 MiB in windows of at most 4
-    monkeypatch.setattr(intake, "PUBLISH_WINDOW_BYTES", 4 * 2**20)
     peak = 0
-    await intake.publish_all(((b"x" * 2**20, b"k") for _ in range(10)), publish)
+    await publishing.publish_all(((b"x" * 2**20, b"k") for _ in range(10)), publish, window_bytes=4 * 2**20)
     assert peak == 4
 
 
@@ -50,7 +48,7 @@ async def test_a_failed_send_fails_the_publishing_and_stops_the_sends_in_flight(
         finished.append(n)
 
     with pytest.raises(RuntimeError, match="shard 3"):
-        await intake.publish_all(((str(i).encode(), b"k") for i in range(1000)), publish)
+        await publishing.publish_all(((str(i).encode(), b"k") for i in range(1000)), publish)
     assert 3 in started and len(started) < 1000  # the generator was not drained
     await asyncio.sleep(0.1)
     assert 3 not in finished and len(finished) < len(started)  # the sends in flight were cancelled

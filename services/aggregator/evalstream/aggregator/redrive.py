@@ -8,7 +8,7 @@ a request redelivered after a crash republishes the same items, which the sinks 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import msgspec
 
@@ -17,7 +17,7 @@ from evalstream.common.messages import Item, Shard, decode
 
 log = logging.getLogger("evalstream.aggregator.redrive")
 
-Publish = Callable[[Shard], Awaitable[None]]
+Publish = Callable[[Iterable[Shard]], Awaitable[None]]  # many at once (consume.Aggregator.publish)
 
 
 def fresh_shards(letters: list[tuple[int, bytes]]) -> tuple[list[int], list[Shard]]:
@@ -52,8 +52,7 @@ def redriven(shard: Shard, items: list[Item]) -> Shard:
 async def redrive_run(store: ResultStore, run_id: str, publish: Publish) -> int:
     """Redrives `run_id`'s pending dead letters; returns the number of items put back."""
     covered, shards = fresh_shards(await store.dead_letters_to_redrive(run_id))
-    for shard in shards:
-        await publish(shard)
+    await publish(shards)
     await store.mark_redriven(covered)
     items = sum(len(s.items) for s in shards)
     log.info("redrove %d item(s) from %d dead letter(s) of %s", items, len(covered), run_id)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,7 @@ from evalstream.common.regrading import StoredCopyError, regraded_manifest, run_
 
 log = logging.getLogger("evalstream.aggregator.regrade")
 
-Publish = Callable[[Shard], Awaitable[None]]
+Publish = Callable[[Iterable[Shard]], Awaitable[None]]  # many at once (consume.Aggregator.publish)
 MAX_PROBLEMS = 50  # of a rejected regrade, listed in runs.problems
 
 
@@ -213,8 +213,7 @@ async def regrade_run(
     todo = plan(request, original, rows, items)
     # the copied failures: rows, Parquet, Delta, and the run's completion if every item failed
     await sink.record(Window([Sourced(f, source) for f in todo.failures]))
-    for shard in todo.shards:
-        await publish(shard)
+    await publish(todo.shards)
     await store.mark_published(request.new_run_id)
     log.info(
         "regrade %s of %s with %s: %d answer(s) in %d shard(s) published, %d failure(s) copied",

@@ -11,8 +11,6 @@ import json
 import logging
 import tempfile
 from array import array
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -26,15 +24,14 @@ from evalstream.common.datasets import DatasetError, DatasetScan, Problem, scan_
 from evalstream.common.jobs import job_problems
 from evalstream.common.manifest import build_manifest, manifest_sha256
 from evalstream.common.messages import Item, JobSpec, encode
+from evalstream.common.publishing import Send, publish_all
 from evalstream.common.settings import ProducerSettings
 from evalstream.producer.sharding import ShardMessages, auto_shard_size, max_chunk_bytes, plan_chunks
 
 log = logging.getLogger("evalstream.producer")
 
-PUBLISH_WINDOW = 256  # shards in flight at once while publishing a run
-PUBLISH_WINDOW_BYTES = 2 * 1024 * 1024  # and at most this much of them
 
-Publish = Callable[[bytes, bytes], Awaitable[None]]  # (payload, key) -> durable on the broker
+Publish = Send  # (payload, key) -> durable on the broker
 
 
 @dataclass(frozen=True)
@@ -57,32 +54,6 @@ class Scanned:
     scan: DatasetScan
     copy: BinaryIO
     sizes: array[int]
-
-
-async def publish_all(messages: Iterable[tuple[bytes, bytes]], publish: Publish) -> None:
-    """Publishes (payload, key) pairs with at most PUBLISH_WINDOW messages and about
-    PUBLISH_WINDOW_BYTES in flight: thousands of sends at once outrun the Kafka client's
-    buffer and time out, failing (and redelivering) the whole job. The window slides (a send
-    starts as soon as the oldest is acknowledged), so bounding it costs no round trip per
-    window; `messages` may be a generator: only the window's shards are held, so the
-    producer's memory does not grow with the run."""
-    pending: deque[tuple[asyncio.Future[None], int]] = deque()
-    size = 0
-    try:
-        for payload, key in messages:
-            while pending and (len(pending) >= PUBLISH_WINDOW or size + len(payload) > PUBLISH_WINDOW_BYTES):
-                oldest, n = pending.popleft()
-                await oldest
-                size -= n
-            pending.append((asyncio.ensure_future(publish(payload, key)), len(payload)))
-            size += len(payload)
-        while pending:
-            await pending[0][0]
-            pending.popleft()
-    finally:  # a send failed (or we were cancelled): the job is redelivered, the rest dropped
-        for task, _ in pending:
-            task.cancel()
-        await asyncio.gather(*(task for task, _ in pending), return_exceptions=True)
 
 
 class Intake:
