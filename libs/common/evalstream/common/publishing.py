@@ -4,24 +4,36 @@ One `await broker.publish(...)` per message waits for the broker's acknowledgeme
 next send starts: a run's 600 shards one after another cost 600 round trips. Thousands of
 sends at once outrun the Kafka client's buffer instead, and time out. In between: at most
 WINDOW messages and about WINDOW_BYTES in flight, a send started as soon as the oldest one
-is acknowledged. `messages` may be a generator: only the window is held, so memory does not
-grow with the number of messages.
+is acknowledged. `messages` may be a generator, or an asynchronous one: only the window is
+held, so memory does not grow with the number of messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import TypeVar
 
 WINDOW = 256  # messages in flight at once
 WINDOW_BYTES = 2 * 1024 * 1024  # and at most about this much of them
 
 Send = Callable[[bytes, bytes], Awaitable[None]]  # (payload, key): one acknowledged send
+T = TypeVar("T")
+
+
+async def each(things: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
+    """The things of a plain or an asynchronous iterable (a query streamed from a cursor)."""
+    if isinstance(things, AsyncIterable):
+        async for thing in things:
+            yield thing
+    else:
+        for thing in things:
+            yield thing
 
 
 async def publish_all(
-    messages: Iterable[tuple[bytes, bytes]],
+    messages: Iterable[tuple[bytes, bytes]] | AsyncIterable[tuple[bytes, bytes]],
     send: Send,
     *,
     window: int | None = None,
@@ -35,7 +47,7 @@ async def publish_all(
     pending: deque[tuple[asyncio.Future[None], int]] = deque()
     size = 0
     try:
-        for payload, key in messages:
+        async for payload, key in each(messages):
             while pending and (len(pending) >= most or size + len(payload) > most_bytes):
                 oldest, n = pending.popleft()
                 await oldest

@@ -6,7 +6,7 @@ regrade (regrade.py). The subscribers (app.py) hand them records through their P
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -22,7 +22,7 @@ from evalstream.common import service, topics
 from evalstream.common.jsonlimits import has_nul
 from evalstream.common.messages import ControlRequest, Redrive, Regrade, Shard, ShardResult, decode, encode
 from evalstream.common.names import plain_name_problem
-from evalstream.common.publishing import publish_all
+from evalstream.common.publishing import each, publish_all
 from evalstream.common.spread import shard_key_of
 
 log = logging.getLogger("evalstream.aggregator")
@@ -70,13 +70,17 @@ class Aggregator:
                 source = source_of(record.topic, record.partition, record.offset)
                 await regrade.regrade_run(self.store, self.s3, self.sink, request, source, self.publish)
 
-    async def publish(self, shards: Iterable[Shard]) -> None:
-        """To eval.shards, many in flight at once (publishing.py)."""
+    async def publish(self, shards: Iterable[Shard] | AsyncIterable[Shard]) -> None:
+        """To eval.shards, many in flight at once (publishing.py), each encoded as it goes."""
 
         async def send(payload: bytes, key: bytes) -> None:
             await self.broker.publish(payload, topics.SHARDS, key=key)
 
-        await publish_all(((encode(s), shard_key_of(s)) for s in shards), send)
+        async def encoded() -> AsyncIterator[tuple[bytes, bytes]]:
+            async for shard in each(shards):
+                yield encode(shard), shard_key_of(shard)
+
+        await publish_all(encoded(), send)
 
 
 def decode_control(raw: bytes) -> ControlRequest:

@@ -8,7 +8,7 @@ a request redelivered after a crash republishes the same items, which the sinks 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
 
 import msgspec
 
@@ -17,7 +17,9 @@ from evalstream.common.messages import Item, Shard, decode
 
 log = logging.getLogger("evalstream.aggregator.redrive")
 
-Publish = Callable[[Iterable[Shard]], Awaitable[None]]  # many at once (consume.Aggregator.publish)
+Publish = Callable[
+    [Iterable[Shard] | AsyncIterable[Shard]], Awaitable[None]
+]  # many at once (consume.Aggregator.publish)
 
 
 def fresh_shards(letters: list[tuple[int, bytes]]) -> tuple[list[int], list[Shard]]:

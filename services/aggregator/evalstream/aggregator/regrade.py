@@ -21,9 +21,18 @@ or `rejected`, a redelivered request changes nothing - no second grading, no cou
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +55,30 @@ from evalstream.common.messages import (
 )
 from evalstream.common.names import plain_name_problem
 from evalstream.common.regrading import StoredCopyError, regraded_manifest, run_items
+from evalstream.common.results import RESULT_COLUMNS
 
 log = logging.getLogger("evalstream.aggregator.regrade")
 
-Publish = Callable[[Iterable[Shard]], Awaitable[None]]  # many at once (consume.Aggregator.publish)
+Publish = Callable[
+    [Iterable[Shard] | AsyncIterable[Shard]], Awaitable[None]
+]  # many at once (consume.Aggregator.publish)
 MAX_PROBLEMS = 50  # of a rejected regrade, listed in runs.problems
+BY_SHARD = "shard_id, item_id"  # the order answers are read in: a shard's rows together
+# what a shard of answers carries of each row (stored_answer)
+ANSWER_COLUMNS = (
+    "item_id",
+    "shard_id",
+    "response",
+    "latency_ms",
+    "cache_hit",
+    "served_by",
+    "model_revision",
+    "prompt_tokens",
+    "completion_tokens",
+    "truncated",
+    "attempts",
+    "prompt",
+)
 
 
 @dataclass(frozen=True)
@@ -88,47 +116,76 @@ def plan(
     items: Mapping[str, Item],
 ) -> Plan:
     """The new run's failures and shards: one shard per original shard that has answers
-    (the same items together), each item with its recorded answer."""
-    spec = json.loads(original["spec"] or "{}")
-    new = request.new_run_id
+    (the same items together), each item with its recorded answer. (regrade_run does the
+    same from rows streamed out of the database, never all of them at once.)"""
+    answers = sorted((r for r in rows if answered(r)), key=lambda r: (r["shard_id"], r["item_id"]))
+    shards = ShardMaker(request, original, items, len({r["shard_id"] for r in answers}))
+    made = [shards.make(list(group)) for _, group in itertools.groupby(answers, key=lambda r: r["shard_id"])]
+    return Plan([failure(request, r) for r in rows if not answered(r)], made)
 
-    def shard_id(original_shard: str) -> str:
-        return f"{new}-{original_shard.removeprefix(request.run_id + '-')}"
 
-    failures = [
-        ItemResult(
-            **{
-                **{k: r[k] for k in ItemResult.__struct_fields__ if k in r},
-                "run_id": new,
-                "shard_id": shard_id(r["shard_id"]),
-            }
+def new_shard_id(request: Regrade, original_shard: str) -> str:
+    return f"{request.new_run_id}-{original_shard.removeprefix(request.run_id + '-')}"
+
+
+def failure(request: Regrade, row: Mapping[str, Any]) -> ItemResult:
+    """An unanswered item's recorded failure, copied into the new run."""
+    columns = set(row.keys())  # a dict's or a database record's
+    return ItemResult(
+        **{
+            **{k: row[k] for k in ItemResult.__struct_fields__ if k in columns},
+            "run_id": request.new_run_id,
+            "shard_id": new_shard_id(request, row["shard_id"]),
+        }
+    )
+
+
+class ShardMaker:
+    """The new run's shards, one per original shard with answers, in the order they are
+    asked for (sorted by original shard id: shard_index counts them)."""
+
+    def __init__(
+        self, request: Regrade, original: Mapping[str, Any], items: Mapping[str, Item], count: int
+    ) -> None:
+        spec = json.loads(original["spec"] or "{}")
+        self.request = request
+        self.model = original["model"]
+        self.items = items
+        self.count = count
+        self.index = 0
+        self.generation = msgspec.convert(spec.get("generation") or {}, GenerationParams)
+        self.retry = msgspec.convert(spec.get("retry") or {}, RetryPolicy)
+        self.worker_group = request.worker_group or spec.get("worker_group")
+
+    def make(self, rows: Sequence[Mapping[str, Any]]) -> Shard:
+        """The shard of one original shard's answered rows (sorted by item id)."""
+        shard = Shard(
+            run_id=self.request.new_run_id,
+            shard_id=new_shard_id(self.request, rows[0]["shard_id"]),
+            shard_index=self.index,
+            shard_count=self.count,
+            model=self.model,
+            grader=self.request.grader,
+            generation=self.generation,
+            items=[self.items[r["item_id"]] for r in rows],
+            retry=self.retry,
+            worker_group=self.worker_group,
+            answers=[stored_answer(r) for r in rows],
         )
-        for r in rows
-        if not answered(r)
-    ]
-    by_shard: dict[str, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if answered(r):
-            by_shard.setdefault(r["shard_id"], []).append(r)
-    generation = msgspec.convert(spec.get("generation") or {}, GenerationParams)
-    retry = msgspec.convert(spec.get("retry") or {}, RetryPolicy)
-    shards = [
-        Shard(
-            run_id=new,
-            shard_id=shard_id(original_shard),
-            shard_index=index,
-            shard_count=len(by_shard),
-            model=original["model"],
-            grader=request.grader,
-            generation=generation,
-            items=[items[r["item_id"]] for r in shard_rows],
-            retry=retry,
-            worker_group=request.worker_group or spec.get("worker_group"),
-            answers=[stored_answer(r) for r in shard_rows],
-        )
-        for index, (original_shard, shard_rows) in enumerate(sorted(by_shard.items()))
-    ]
-    return Plan(failures, shards)
+        self.index += 1
+        return shard
+
+
+async def _groups(rows: AsyncIterable[Mapping[str, Any]]) -> AsyncIterator[list[Mapping[str, Any]]]:
+    """Consecutive rows of the same original shard, together."""
+    group: list[Mapping[str, Any]] = []
+    async for r in rows:
+        if group and r["shard_id"] != group[0]["shard_id"]:
+            yield group
+            group = []
+        group.append(r)
+    if group:
+        yield group
 
 
 def request_problems(request: Regrade, original: Mapping[str, Any] | None) -> list[str]:
@@ -147,22 +204,17 @@ def request_problems(request: Regrade, original: Mapping[str, Any] | None) -> li
     return out
 
 
-def item_problems(grader: str, rows: Sequence[Mapping[str, Any]], items: Mapping[str, Item]) -> list[str]:
+def item_problems(grader: str, rows: Iterable[Mapping[str, Any]], items: Mapping[str, Item]) -> list[str]:
     """Why answered items cannot be graded by `grader` (an answer without an item in the
     dataset copy included)."""
-    out = []
-    for r in rows:
-        if not answered(r):
-            continue
-        item = items.get(r["item_id"])
-        problem = (
-            f"item {r['item_id']}: not in the run's dataset copy"
-            if item is None
-            else item_problem(grader, item)
-        )
-        if problem:
-            out.append(problem)
-    return out
+    return [p for r in rows if answered(r) and (p := answer_problem(grader, r, items))]
+
+
+def answer_problem(grader: str, row: Mapping[str, Any], items: Mapping[str, Item]) -> str | None:
+    item = items.get(row["item_id"])
+    if item is None:
+        return f"item {row['item_id']}: not in the run's dataset copy"
+    return item_problem(grader, item)
 
 
 async def regrade_run(
@@ -194,35 +246,64 @@ async def regrade_run(
     except StoredCopyError as exc:
         await reject(store, request, [str(exc)])
         return
-    rows = await store.result_rows(request.run_id)
-    if problems := item_problems(request.grader, rows, items):
-        await reject(store, request, problems)
-        return
-    new_manifest = regraded_manifest(manifest, request.run_id, original["manifest_sha256"], request.grader)
-    spec = {**json.loads(original["spec"] or "{}"), "grader": request.grader, "run_id": request.new_run_id}
-    spec["regrade_of"] = request.run_id
-    await store.create_regrade_run(
-        request.new_run_id,
-        original,
-        name=f"{original['name'] or original['run_id']} (regraded: {request.grader})",
-        grader=request.grader,
-        spec=spec,
-        manifest=new_manifest,
-        digest=manifest_sha256(new_manifest),
-    )
-    todo = plan(request, original, rows, items)
-    # the copied failures: rows, Parquet, Delta, and the run's completion if every item failed
-    await sink.record(Window([Sourced(f, source) for f in todo.failures]))
-    await publish(todo.shards)
+    async with store.snapshot() as conn:
+        # 1. every answer gradable by the grader (their items, nothing else, read)
+        unanswerable: list[str] = []
+        shard_count = 0
+        async for group in _groups(
+            store.streamed_rows(conn, request.run_id, ("item_id", "shard_id"), answered=True, order=BY_SHARD)
+        ):
+            shard_count += 1
+            unanswerable.extend(p for r in group if (p := answer_problem(request.grader, r, items)))
+        if unanswerable:
+            await reject(store, request, unanswerable)
+            return
+        new_manifest = regraded_manifest(
+            manifest, request.run_id, original["manifest_sha256"], request.grader
+        )
+        spec = {
+            **json.loads(original["spec"] or "{}"),
+            "grader": request.grader,
+            "run_id": request.new_run_id,
+        }
+        spec["regrade_of"] = request.run_id
+        await store.create_regrade_run(
+            request.new_run_id,
+            original,
+            name=f"{original['name'] or original['run_id']} (regraded: {request.grader})",
+            grader=request.grader,
+            spec=spec,
+            manifest=new_manifest,
+            digest=manifest_sha256(new_manifest),
+        )
+        # 2. the copied failures: rows, Parquet, Delta, and the run's completion if every item
+        # failed (one window: they share the request's record as their source)
+        failures = [
+            failure(request, r)
+            async for r in store.streamed_rows(conn, request.run_id, RESULT_COLUMNS, answered=False)
+        ]
+        await sink.record(Window([Sourced(f, source) for f in failures]))
+        # 3. the answers, a shard per original shard, published as they are read
+        maker = ShardMaker(request, original, items, shard_count)
+        answers = 0
+
+        async def shards() -> AsyncIterator[Shard]:
+            nonlocal answers
+            rows = store.streamed_rows(conn, request.run_id, ANSWER_COLUMNS, answered=True, order=BY_SHARD)
+            async for group in _groups(rows):
+                answers += len(group)
+                yield maker.make(group)
+
+        await publish(shards())
     await store.mark_published(request.new_run_id)
     log.info(
         "regrade %s of %s with %s: %d answer(s) in %d shard(s) published, %d failure(s) copied",
         request.new_run_id,
         request.run_id,
         request.grader,
-        sum(len(s.items) for s in todo.shards),
-        len(todo.shards),
-        len(todo.failures),
+        answers,
+        maker.index,
+        len(failures),
     )
 
 

@@ -7,8 +7,9 @@ replaces a success.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,10 @@ SELECT_ROWS = (
     f"SELECT {', '.join((*RESULT_COLUMNS, *_INTERNAL))} FROM item_results"
     " WHERE (run_id, item_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 )
+# An item whose row holds an answer (a regrade grades it again; the others stay failures).
+ANSWERED = "error IS NULL AND response IS NOT NULL"
+STREAM_ROWS = 2048  # rows fetched at a time by streamed_rows
+
 SELECT_SEGMENT = (
     f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results"
     " WHERE run_id = $1 AND ordinal >= $2 AND ordinal < $3 ORDER BY ordinal"
@@ -314,11 +319,29 @@ class ResultStore:
         )
         return (row["status"], row["regrade_of"]) if row is not None else None
 
-    async def result_rows(self, run_id: str) -> list[dict[str, Any]]:
-        rows = await self.pool.fetch(
-            f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results WHERE run_id = $1 ORDER BY item_id", run_id
-        )
-        return [dict(r) for r in rows]
+    @contextlib.asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a read-only transaction that sees one state of every table
+        (repeatable read): the passes of a regrade agree with each other."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            yield conn
+
+    @staticmethod
+    async def streamed_rows(
+        conn: asyncpg.Connection,
+        run_id: str,
+        columns: Sequence[str],
+        *,
+        answered: bool,
+        order: str = "item_id",
+    ) -> AsyncIterator[asyncpg.Record]:
+        """`columns` of the run's rows that hold an answer (or, `answered=False`, those that
+        do not), from a cursor in `conn`'s transaction: a big run's rows are never all in
+        memory. Columns and order are ours, never a caller's input."""
+        which = ANSWERED if answered else f"NOT ({ANSWERED})"
+        sql = f"SELECT {', '.join(columns)} FROM item_results WHERE run_id = $1 AND {which} ORDER BY {order}"
+        async for row in conn.cursor(sql, run_id, prefetch=STREAM_ROWS):
+            yield row
 
     async def create_regrade_run(
         self,
