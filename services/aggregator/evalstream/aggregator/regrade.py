@@ -59,9 +59,8 @@ from evalstream.common.results import RESULT_COLUMNS
 
 log = logging.getLogger("evalstream.aggregator.regrade")
 
-Publish = Callable[
-    [Iterable[Shard] | AsyncIterable[Shard]], Awaitable[None]
-]  # many at once (consume.Aggregator.publish)
+# many shards at once (consume.Aggregator.publish)
+Publish = Callable[[Iterable[Shard] | AsyncIterable[Shard]], Awaitable[None]]
 MAX_PROBLEMS = 50  # of a rejected regrade, listed in runs.problems
 BY_SHARD = "shard_id, item_id"  # the order answers are read in: a shard's rows together
 # what a shard of answers carries of each row (stored_answer)
@@ -106,6 +105,7 @@ def stored_answer(row: Mapping[str, Any]) -> StoredAnswer:
 
 
 def answered(row: Mapping[str, Any]) -> bool:
+    """store.ANSWERED, the same rule in SQL, picks these rows when they are streamed."""
     return row["error"] is None and row["response"] is not None
 
 

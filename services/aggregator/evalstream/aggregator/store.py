@@ -53,7 +53,8 @@ SELECT_ROWS = (
     f"SELECT {', '.join((*RESULT_COLUMNS, *_INTERNAL))} FROM item_results"
     " WHERE (run_id, item_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 )
-# An item whose row holds an answer (a regrade grades it again; the others stay failures).
+# An item whose row holds an answer (a regrade grades it again; the others stay failures):
+# regrade.answered in SQL.
 ANSWERED = "error IS NULL AND response IS NOT NULL"
 STREAM_ROWS = 2048  # rows fetched at a time by streamed_rows
 
