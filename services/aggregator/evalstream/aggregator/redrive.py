@@ -17,9 +17,8 @@ from evalstream.common.messages import Item, Shard, decode
 
 log = logging.getLogger("evalstream.aggregator.redrive")
 
-Publish = Callable[
-    [Iterable[Shard] | AsyncIterable[Shard]], Awaitable[None]
-]  # many at once (consume.Aggregator.publish)
+# many shards at once (consume.Aggregator.publish)
+Publish = Callable[[Iterable[Shard] | AsyncIterable[Shard]], Awaitable[None]]
 
 
 def fresh_shards(letters: list[tuple[int, bytes]]) -> tuple[list[int], list[Shard]]:
