@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -288,11 +289,13 @@ class ServiceProcess:
     def stop(self, timeout: float = 60.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
-        self.signal(15)
+        self.signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.signal(9)
+            self.signal(signal.SIGUSR1)  # every thread's stack into its log (service.run)
+            time.sleep(1.0)
+            self.signal(signal.SIGKILL)
             return self.proc.wait(10)
 
 

@@ -6,6 +6,7 @@ there, heartbeats, and fake groups (heartbeats with no worker behind them)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import urllib.request
@@ -132,6 +133,10 @@ class FakeGroup:
     async def __aexit__(self, *exc: object) -> None:
         assert self.task
         self.task.cancel()
+        # a beat in flight must land before the tombstone, not after it: a heartbeat after
+        # the tombstone keeps the group known (and dead) to every router started later
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
         await publish_heartbeats([(f"{self.name}-0", None)])
 
 

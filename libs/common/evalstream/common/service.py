@@ -10,8 +10,11 @@ commit, exit.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import functools
 import logging
+import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -196,9 +199,35 @@ def run(app: AsgiFastStream, settings: ServiceSettings) -> None:
         lifespan="on",
     )
     server = _process.server = uvicorn.Server(config)
-    server.run()
+    # `kill -USR1` prints every thread's stack to the log: a process that does not stop
+    # says where it is
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        runner.run(_serve_watched(server))
     if _process.exit_status is not None:
         raise SystemExit(_process.exit_status)
+
+
+STALL_DUMP_S = 30.0  # an event loop that has not turned for this long prints every stack
+
+
+async def _serve_watched(server: uvicorn.Server) -> None:
+    """uvicorn's `Server.run`, with a watchdog: faulthandler's timer fires from its own
+    thread unless the loop re-arms it, so a loop stuck in a blocking call or a spin leaves
+    the stacks in the log instead of a silent process (signals included: uvicorn's SIGTERM
+    handler only sets a flag that the loop reads)."""
+
+    async def rearm() -> None:
+        while True:
+            faulthandler.dump_traceback_later(STALL_DUMP_S, file=sys.stderr)
+            await asyncio.sleep(min(1.0, STALL_DUMP_S / 4))
+
+    watchdog = asyncio.create_task(rearm(), name="stall-watchdog")
+    try:
+        await server.serve()
+    finally:
+        watchdog.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def shut_down_with_error(message: str, exit_status: int = 3) -> None:

@@ -27,7 +27,6 @@ groups a router uses.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +46,7 @@ from evalstream.common.metrics import SHARDS
 from evalstream.common.names import plain_name_problem
 from evalstream.common.poison import PoisonGuard, broker_probe
 from evalstream.common.settings import RouterSettings
+from evalstream.common.tasks import cancel_and_wait
 from evalstream.router.dispatch import Dispatcher, ShuttingDown
 from evalstream.router.fleet import HeartbeatCatchUp
 from evalstream.router.health import LagMonitor, RescueManager
@@ -251,9 +251,8 @@ async def stop_background() -> None:
     heartbeats_read.end()  # ... those waiting for the heartbeats too
     if background.is_set():  # else stopped before it started
         running = background.get()
-        running.monitor.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running.monitor
+        running.rescues.closing = True  # a lag round still under way starts no rescuer now
+        await cancel_and_wait(running.monitor, "the lag monitor")
         await running.rescues.close()
 
 

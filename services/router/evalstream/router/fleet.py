@@ -180,13 +180,14 @@ class HeartbeatCatchUp:
         return all(self._seen.get(p, 0) >= end for p, end in ends.items())
 
     async def run(self, read_ends: Callable[[], Awaitable[dict[int, int]]], timeout_s: float) -> bool:
-        """Sets `done` once the subscriber has read up to the end; False after `timeout_s`."""
+        """Sets `done` once the subscriber has read up to the end; False after `timeout_s`
+        or once the router stops (`end`)."""
         deadline = time.monotonic() + timeout_s
         self._ends = await read_ends()
         while True:
             while not self.covers(self._ends):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._ended.is_set():
                     return False
                 self._progress.clear()
                 with contextlib.suppress(TimeoutError):

@@ -222,6 +222,7 @@ class RescueManager:
         self.reroute_after_s = reroute_after_s
         self.move = move
         self.rescuers: dict[str, Rescuer] = {}
+        self.closing = False  # the router stops: no new rescuer
 
     def wanted(self, group: Group, now: float) -> bool:
         dead_for = self.router.fleet.dead_for(group, now)
@@ -248,10 +249,11 @@ class RescueManager:
             elif rescuer.task is not None and rescuer.task.done():
                 del self.rescuers[name]  # crashed or gave up: a later round starts another
         for name, group in list(groups.items()):
-            if name not in self.rescuers and self.wanted(group, now):
+            if not self.closing and name not in self.rescuers and self.wanted(group, now):
                 self.rescuers[name] = Rescuer(name, self.kafka, self.move)
                 self.rescuers[name].start()
 
     async def close(self) -> None:
+        self.closing = True
         await asyncio.gather(*(r.stop() for r in self.rescuers.values()))
         self.rescuers.clear()

@@ -24,6 +24,7 @@ from evalstream.common.metrics import (
     WORKER_HEARTBEAT,
 )
 from evalstream.common.settings import WorkerSettings
+from evalstream.common.tasks import cancel_and_wait
 from evalstream.worker.engine_registry import Engines
 from evalstream.worker.gpu import DeviceMetrics, sample_device_metrics
 from evalstream.worker.state import WorkerState
@@ -99,9 +100,7 @@ class Heartbeats:
     async def stop_loop(self) -> None:
         loop, self._loop = self._loop, None
         if loop:
-            loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop
+            await cancel_and_wait(loop, "the heartbeat loop")
 
     async def say_stopped(self) -> None:
         """Before the broker disconnects: tell the routers we are gone, so they stop routing here."""
