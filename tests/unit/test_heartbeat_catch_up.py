@@ -51,3 +51,19 @@ async def test_a_stopping_router_waits_no_more() -> None:
     await asyncio.sleep(0.01)
     catch_up.end()
     assert await asyncio.wait_for(waiter, 1) is False
+
+
+async def test_a_catch_up_under_way_returns_once_the_router_stops_while_heartbeats_arrive() -> None:
+    catch_up = HeartbeatCatchUp()
+
+    async def far_end() -> dict[int, int]:
+        return {0: 1_000_000}
+
+    running = asyncio.create_task(catch_up.run(far_end, 60))
+    for offset in range(50):  # members keep beating: progress, never the end
+        catch_up.seen(0, offset)
+        await asyncio.sleep(0)
+    catch_up.end()
+    catch_up.seen(0, 50)  # the progress that woke the wait in the stop's own turn
+    assert await asyncio.wait_for(running, 5) is False
+    assert not catch_up.done.is_set()
