@@ -60,3 +60,26 @@ async def test_a_task_that_failed_is_reported_not_raised(caplog: pytest.LogCaptu
     await asyncio.sleep(0)
     assert await tasks.cancel_and_wait(task, "failing", timeout_s=1)
     assert "failing failed: RuntimeError('boom')" in caplog.text
+
+
+async def test_wait_event_keeps_a_cancellation_that_races_the_event() -> None:
+    event = asyncio.Event()
+
+    async def waits_in_a_loop() -> None:
+        while True:
+            await tasks.wait_event(event, 5)
+            event.clear()
+
+    task = asyncio.create_task(waits_in_a_loop())
+    await asyncio.sleep(0.01)
+    event.set()
+    task.cancel()  # the same turn as the set: wait_for would return and loop on
+    await asyncio.wait({task}, timeout=1)
+    assert task.cancelled()
+
+
+async def test_wait_event_says_whether_the_event_came() -> None:
+    event = asyncio.Event()
+    assert await tasks.wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await tasks.wait_event(event, 5) is True

@@ -4,13 +4,15 @@
 Python 3.11 it can without meaning to: `asyncio.wait_for` returns its inner result instead of
 raising CancelledError when the awaited thing finishes in the same loop turn as the cancel
 (gh-86296, fixed in 3.12), and some client libraries catch CancelledError while closing. A
-service whose shutdown waits on such a task never exits on SIGTERM. `cancel_and_wait` cancels
-again until the task is done, bounded.
+service whose shutdown waits on such a task never exits on SIGTERM. `wait_event` waits
+without that race; `cancel_and_wait` cancels again until the task is done, bounded, for
+whatever else may swallow one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -37,3 +39,12 @@ async def cancel_and_wait(task: asyncio.Task[object], what: str, timeout_s: floa
     if not task.cancelled() and (error := task.exception()) is not None:
         log.error("%s failed: %r", what, error)
     return True
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Waits for `event` at most `timeout_s`; True once set. Unlike 3.11's
+    `asyncio.wait_for(event.wait(), ...)` it never swallows a cancellation (no inner task)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    return event.is_set()

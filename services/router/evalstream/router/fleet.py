@@ -13,7 +13,6 @@ its drain rate: shards committed per second over an interval it stayed backlogge
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from fnmatch import fnmatchcase
 from evalstream.common import fleet
 from evalstream.common.messages import Heartbeat
 from evalstream.common.specs import serves
+from evalstream.common.tasks import wait_event
 from evalstream.router.policy import GroupView
 
 RATE_SMOOTHING = 0.3  # weight of the newest drain-rate sample (exponential moving average)
@@ -190,8 +190,7 @@ class HeartbeatCatchUp:
                 if remaining <= 0 or self._ended.is_set():
                     return False
                 self._progress.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._progress.wait(), min(remaining, 1.0))
+                await wait_event(self._progress, min(remaining, 1.0))
             newer = await read_ends()
             if self.covers(newer):
                 self.done.set()

@@ -46,6 +46,7 @@ from evalstream.common.metrics import (
     ROUTER_LAG_READS,
 )
 from evalstream.common.settings import KafkaSettings
+from evalstream.common.tasks import wait_event
 from evalstream.router.fleet import Group
 from evalstream.router.routing import Router
 
@@ -137,8 +138,7 @@ class LagMonitor:
         """After ROUTER_LAG_INTERVAL_S, or sooner when a waiting shard asks (Router.want_lag)."""
         wanted = self.router.lag_wanted
         wanted.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wanted.wait(), self.interval_s)
+        await wait_event(wanted, self.interval_s)
         await asyncio.sleep(LAG_READ_MIN_S)
 
 

@@ -12,13 +12,13 @@ decide(shard) ->
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 from dataclasses import dataclass
 
 from evalstream.common.messages import Heartbeat, Shard
 from evalstream.common.metrics import ROUTER_POLICY_WEIGHT, ROUTER_SLA_TIER, ROUTER_SLA_VIOLATION
 from evalstream.common.settings import RouterSettings
+from evalstream.common.tasks import wait_event
 from evalstream.router import policy as policies
 from evalstream.router import sla
 from evalstream.router.fleet import Fleet
@@ -134,5 +134,4 @@ class Router:
         self.lag_wanted.set()
 
     async def wait_change(self, timeout_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        await wait_event(self._changed, timeout_s)
