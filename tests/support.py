@@ -293,7 +293,7 @@ class ServiceProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.signal(signal.SIGUSR1)  # every thread's stack into its log (service.run)
+            self.signal(signal.SIGUSR2)  # every thread's stack into its log (service.run)
             time.sleep(1.0)
             self.signal(signal.SIGKILL)
             return self.proc.wait(10)

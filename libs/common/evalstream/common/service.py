@@ -199,9 +199,9 @@ def run(app: AsgiFastStream, settings: ServiceSettings) -> None:
         lifespan="on",
     )
     server = _process.server = uvicorn.Server(config)
-    # `kill -USR1` prints every thread's stack to the log: a process that does not stop
+    # `kill -USR2` prints every thread's stack to the log: a process that does not stop
     # says where it is
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # USR1: the bench sampler's
     with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
         runner.run(_serve_watched(server))
     if _process.exit_status is not None:
