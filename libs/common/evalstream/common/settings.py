@@ -301,8 +301,9 @@ class RouterSettings(ServiceSettings):
     router_max_lag: int = 32
     router_lag_interval_s: float = 1.0  # consumer-lag polling
     router_batch_records: int = 256  # shards per poll, forwarded together and committed once
-    # ...and what a poll may fetch, in bytes: a poll of a big run's 256-item shards holds
-    # this much, not 256 of them, so the router's memory does not grow with the shard size
+    # ...and what one fetch may bring, in bytes (a poll holds what the fetcher buffered: up
+    # to 1 MiB per partition). Shards are decoded one at a time as they are routed, not a
+    # poll at once: a 256-item shard decoded takes about four times its bytes
     router_batch_bytes: int = 2 * 1024 * 1024
     router_groups: str = "*"  # worker groups this router uses (shell patterns)
     # input topics; empty: eval.shards / eval.retry; ROUTER_RETRY_TOPIC=none: no retries

@@ -5,8 +5,8 @@ Each shard goes to a healthy worker group that serves its model, chosen by ROUTE
 (router/fleet.py, router/health.py). Opted-in runs may be sent to a lighter model while the
 requested one violates its SLA (router/sla.py); the shard then carries `served_model`.
 
-Shards of eval.shards arrive in polls (up to ROUTER_BATCH_RECORDS shards and about
-ROUTER_BATCH_BYTES of them, the broker's fetch limit), routed in order within
+Shards of eval.shards arrive in polls (up to ROUTER_BATCH_RECORDS shards, fetched
+ROUTER_BATCH_BYTES at a time), each decoded as it is routed, in order within
 each partition and forwarded without waiting for each acknowledgement; a poll is committed
 once all of it is on the broker. eval.retry is read one record at a time by one consumer per
 partition: a retry waits there until it is due, holding only its own partition.
@@ -36,7 +36,6 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faststream import AckPolicy
 from faststream.kafka.annotations import KafkaMessage
-from opentelemetry.trace import Span
 
 from evalstream.common import service, telemetry, topics
 from evalstream.common.kafka_security import client_kwargs
@@ -94,19 +93,20 @@ def make_route(topic: str) -> Callable[[KafkaMessage], Awaitable[None]]:
         if consumer is not None and inputs[topic].get("batch"):  # one record: committed after it
             await consumer.commit({tp: o for tp, o in offsets.items() if tp in consumer.assignment()})
 
+    async def read_shard(record: service.Record) -> Shard | None:
+        shard = await service.decode_or_dead_letter(broker, record, Shard)
+        if shard is None:
+            SHARDS.labels(service="router", outcome="undecodable").inc()
+        return shard
+
     async def route_records(records: Sequence[service.Record]) -> None:
-        shards: list[tuple[Shard, service.Record, Span]] = []
         # a span per record, continuing its trace: its forward is published inside it
         with telemetry.consume_spans(records, group_of[topic]) as spans:
-            for record, span in zip(records, spans, strict=True):
-                shard = await service.decode_or_dead_letter(broker, record, Shard)
-                if shard is None:
-                    SHARDS.labels(service="router", outcome="undecodable").inc()
-                else:
-                    shards.append((shard, record, span))
             # routed on the whole fleet's heartbeats, not on the first ones read (bounded wait)
             await heartbeats_read.wait(settings.router_catch_up_s)
-            await dispatcher.route_batch(shards, assigned, commit)
+            # each shard decoded just before it is routed, not the whole poll up front: a
+            # poll's decoded items take about four times its bytes (256-item shards)
+            await dispatcher.route_batch(list(zip(records, spans, strict=True)), read_shard, assigned, commit)
 
     async def route(msg: KafkaMessage) -> None:
         records = service.records_of(msg) if inputs[topic].get("batch") else (service.record_of(msg),)

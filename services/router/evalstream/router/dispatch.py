@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
 
 import msgspec
 from aiokafka import TopicPartition
@@ -80,25 +81,27 @@ class Dispatcher:
 
     async def route_batch(
         self,
-        shards: Sequence[tuple[Shard, service.Record, Span | None]],
+        records: Sequence[tuple[service.Record, Span | None]],
+        read: Callable[[service.Record], Awaitable[Shard | None]],
         assigned: Callable[[service.Record], bool],
         commit: Commit | None,
     ) -> None:
-        """Routes a poll's shards, each inside its record's span (its forward carries the
+        """Routes a poll's records, each inside its record's span (its forward carries the
         trace on), in order within each partition and the partitions side by side: a shard
         that waits (back-pressure, a retry not yet due, a group away) holds only its own
-        partition. Returns once every forward is on the broker."""
+        partition. Each record is decoded (`read`; None: dead-lettered) just before it is
+        routed, so that a poll holds one decoded shard per partition, not all of them.
+        Returns once every forward is on the broker."""
         batch = Batch(commit)
-        by_partition: dict[tuple[str, int], list[tuple[Shard, service.Record, Span | None]]] = {}
-        for entry in shards:
-            by_partition.setdefault((entry[1].topic, entry[1].partition), []).append(entry)
+        by_partition: dict[tuple[str, int], list[tuple[service.Record, Span | None]]] = {}
+        for entry in records:
+            by_partition.setdefault((entry[0].topic, entry[0].partition), []).append(entry)
 
-        async def in_order(entries: list[tuple[Shard, service.Record, Span | None]]) -> None:
-            for shard, record, span in entries:
-                if span is None:
-                    await self.route(shard, record, batch, assigned)
-                else:
-                    with trace.use_span(span, end_on_exit=False):
+        async def in_order(entries: list[tuple[service.Record, Span | None]]) -> None:
+            for record, span in entries:
+                with trace.use_span(span, end_on_exit=False) if span is not None else nullcontext():
+                    shard = await read(record)
+                    if shard is not None:
                         await self.route(shard, record, batch, assigned)
                 batch.finished(record)
 
