@@ -119,10 +119,12 @@ async def test_each_role_may_do_what_the_table_grants_and_is_refused_the_rest(pr
                 actual[name] = await allowed(conn, sql)
         expected["nextval dead_letters_id_seq"] = db_roles.allows(principal, "dead_letters_id_seq", "USAGE")
         actual["nextval dead_letters_id_seq"] = await allowed(conn, "SELECT nextval('dead_letters_id_seq')")
-        # nobody but the owner creates anything: tables, temporary tables, schemas, functions
+        # only the aggregator makes temporary tables (its staging table, store.py)
+        expected["CREATE TEMP TABLE"] = principal in db_roles.TEMP_TABLE_HOLDERS
+        actual["CREATE TEMP TABLE"] = await allowed(conn, "CREATE TEMP TABLE probe_privileges (i int)")
+        # nobody but the owner creates anything else: tables, schemas, functions
         for name, sql in {
             "CREATE TABLE": "CREATE TABLE probe_privileges (i int)",
-            "CREATE TEMP TABLE": "CREATE TEMP TABLE probe_privileges (i int)",
             "CREATE SCHEMA": "CREATE SCHEMA probe_privileges",
             "CREATE FUNCTION": "CREATE FUNCTION probe_privileges() RETURNS int LANGUAGE sql AS 'SELECT 1'",
             "ALTER TABLE runs": "ALTER TABLE runs ADD COLUMN probe_privileges int",

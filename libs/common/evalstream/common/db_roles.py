@@ -153,6 +153,9 @@ ADVISORY_LOCK_FUNCTIONS = tuple(
 UNLOCK_ALL = "pg_catalog.pg_advisory_unlock_all()"
 # Who keeps them: the owner (migrations) and the aggregator (its sink's lock).
 ADVISORY_LOCK_HOLDERS = (AGGREGATOR,)
+# Who may create temporary tables (visible to its own session only, gone with it): the
+# aggregator, which COPYs each window's rows into one before upserting them (store.py).
+TEMP_TABLE_HOLDERS = (AGGREGATOR,)
 
 
 def login_roles_sql(owner: str, passwords: Mapping[str, str]) -> str:
@@ -228,7 +231,8 @@ async def apply(conn: Any) -> Changes:
     """Makes the privileges of every component's role on the schema's tables and sequences
     equal to the table, in one transaction, through an asyncpg connection of the owner (the
     role bootstrap runs as); returns what changed. Also: only these roles (and the owner) may
-    connect to the database, nobody may create objects or temporary tables in it, and with a
+    connect to the database, nobody may create objects in it (temporary tables: only
+    TEMP_TABLE_HOLDERS), and with a
     superuser connection (compose, testcontainers) the advisory locks are the owner's and the
     aggregator's only."""
     changes = Changes()
@@ -254,13 +258,19 @@ async def apply(conn: Any) -> Changes:
                 changes.missing_roles.append(role)
         present_roles = [r for r in roles.values() if r in existing]
         # The database: connect (only these roles and the owner), no temporary tables for
-        # anyone but the owner; the schema: nobody but its owner creates objects in it.
-        await conn.execute(f"REVOKE ALL ON DATABASE {quote_ident(database)} FROM PUBLIC")
+        # anyone but the owner and TEMP_TABLE_HOLDERS; the schema: nobody but its owner
+        # creates objects in it.
+        db = quote_ident(database)
+        await conn.execute(f"REVOKE ALL ON DATABASE {db} FROM PUBLIC")
         await conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
         if present_roles:
             names = ", ".join(quote_ident(r) for r in present_roles)
-            await conn.execute(f"GRANT CONNECT ON DATABASE {quote_ident(database)} TO {names}")
+            await conn.execute(f"GRANT CONNECT ON DATABASE {db} TO {names}")
             await conn.execute(f"GRANT USAGE ON SCHEMA public TO {names}")
+            await conn.execute(f"REVOKE TEMPORARY ON DATABASE {db} FROM {names}")
+            temp = [quote_ident(roles[s]) for s in TEMP_TABLE_HOLDERS if roles[s] in existing]
+            if temp:
+                await conn.execute(f"GRANT TEMPORARY ON DATABASE {db} TO {', '.join(temp)}")
         relations = {
             r["relname"]: r["relkind"]
             for r in await conn.fetch(
