@@ -46,8 +46,7 @@ def _insert_staged(where: str) -> str:
 # `xmax = 0` tells a fresh insert from an update: only inserts add to a run's count. An
 # update keeps the row's ordinal (its Parquet segment) and takes the new record as source.
 UPSERT_SUCCESS = (
-    _insert_staged("error IS NULL")
-    + f"ON CONFLICT (run_id, item_id) DO UPDATE SET {_UPDATES} "
+    _insert_staged("error IS NULL") + f"ON CONFLICT (run_id, item_id) DO UPDATE SET {_UPDATES} "
     "WHERE item_results.error IS NOT NULL AND EXCLUDED.error IS NULL "
     "RETURNING run_id, item_id, (xmax = 0) AS inserted, ordinal"
 )
