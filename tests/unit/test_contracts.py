@@ -26,9 +26,13 @@ def test_parquet_types_are_declared_not_inferred() -> None:
 
 def test_the_aggregator_writes_every_result_column_with_its_declared_type() -> None:
     assert objects.SCHEMA.names == list(RESULT_COLUMNS)
-    columns = ", ".join((*RESULT_COLUMNS, "ordinal", "source"))
-    assert store.UPSERT_SUCCESS.startswith(f"INSERT INTO item_results ({columns})")
-    assert "$6::boolean[]" in store.UPSERT_SUCCESS and "$9::int4[]" in store.UPSERT_SUCCESS
+    assert (*RESULT_COLUMNS, "ordinal", "source") == store.STAGED_COLUMNS
+    columns = ", ".join(store.STAGED_COLUMNS)
+    # the staging table copies item_results' own column types, so COPY encodes each value
+    # with the type declared there, not one inferred from the value
+    assert store.CREATE_STAGING.endswith(f"SELECT {columns} FROM item_results WITH NO DATA")
+    for statement in (store.UPSERT_SUCCESS, store.INSERT_FAILURE):
+        assert f"INSERT INTO item_results ({columns}) SELECT {columns} FROM staged" in statement
 
 
 def test_export_columns_are_result_columns() -> None:
