@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import pyarrow.parquet as pq
@@ -28,7 +30,7 @@ from evalstream.common import db, storage
 from evalstream.common.messages import ItemResult
 from evalstream.common.settings import Settings
 from evalstream.common.testhooks import CrashPoints
-from tests.support import principal_settings, unique
+from tests.support import principal_settings, unique, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -232,3 +234,50 @@ async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
     first = pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, names[0])))
     assert first.num_rows == objects.SEGMENT_ROWS
     assert parquet_items(stack, run_id) == await pg_items(pg_admin, run_id)
+
+
+async def test_a_write_overlaps_another_windows_mirror_and_the_run_completes_once_all_is_mirrored(
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
+) -> None:
+    """Aggregator 0's Delta commit is held; aggregator 1's window, the run's last rows, commits
+    its database write meanwhile (the relay), but the run completes only after both mirrors."""
+    first, second = aggregators
+    run_id = await new_run(pg_admin, total=6)
+    in_commit, release = threading.Event(), threading.Event()
+    commit = first.sink.delta.results.commit
+
+    def held_commit(*args: Any) -> Any:
+        in_commit.set()
+        release.wait(60)
+        return commit(*args)
+
+    first.sink.delta.results.commit = held_commit  # type: ignore[method-assign]
+    seen_at_completion: list[Counter[tuple[str, bool]]] = []
+    for a in aggregators:
+        complete = a.store.complete
+
+        async def watched(run: str, complete: Any = complete) -> Any:
+            seen_at_completion.append(delta_items(stack, table_uri, run))
+            return await complete(run)
+
+        a.store.complete = watched  # type: ignore[method-assign]
+
+    mirroring = asyncio.create_task(
+        first.sink.record(window(run_id, "eval.results", 0, {0: ["1", "2", "3"]}))
+    )
+    assert await asyncio.to_thread(in_commit.wait, 30)
+    last = asyncio.create_task(second.sink.record(window(run_id, "eval.results", 1, {0: ["4", "5", "6"]})))
+
+    async def all_written() -> bool:
+        return await pg_admin.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 6
+
+    await wait_until(all_written, 30, 0.05, "the second window's write, during the first's mirror")
+    assert not mirroring.done() and not last.done()  # the second waits for the first's mirror
+    assert await pg_admin.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "running"
+    release.set()
+    await asyncio.gather(mirroring, last)
+    expected = Counter({(str(i), True): 1 for i in range(1, 7)})
+    assert await pg_admin.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
+    assert seen_at_completion == [expected]  # completed once, with every row already in Delta
+    assert delta_items(stack, table_uri, run_id) == expected
+    assert parquet_items(stack, run_id) == expected

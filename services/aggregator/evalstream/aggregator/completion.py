@@ -62,16 +62,17 @@ class Completion:
         self.s3 = s3
         self.bucket = bucket
 
-    async def complete_if_done(self, run_id: str) -> tuple[bool, dict[str, Any]] | None:
-        """Marks the run completed when every item has its row, counted from the database
-        (whatever aggregator wrote them); returns (whether this call completed it, the
-        summary), or None while items are missing."""
+    async def complete_if_done(self, run_id: str, mirrored: int) -> tuple[bool, dict[str, Any]] | None:
+        """Marks the run completed when every item has its row in the database and its
+        mirror: `mirrored` is the run's count of rows known mirrored (sink.py: the count read
+        inside the window's own transaction, whatever aggregator wrote them). Returns
+        (whether this call completed it, the summary), or None while items are missing."""
         status, total, done = await self.store.progress(run_id)
         if total:
             RUN_PROGRESS.labels(run_id=run_id).set(done / total)
         # Every item has its row, so every shard was published, even if the producer has not
         # yet marked the run running (fast runs can finish before it does).
-        if status == "rejected" or total is None or done < total:
+        if status == "rejected" or total is None or min(done, mirrored) < total:
             return None
         return await self.store.complete(run_id)
 

@@ -7,16 +7,20 @@ AGGREGATOR_WINDOW_BYTES or AGGREGATOR_WINDOW_MS, up to AGGREGATOR_WINDOW_RECORDS
 a fast stream is written in a few large windows across every run it carries, and a slow run's
 results still appear within the time bound.
 
-Several aggregators share the topics' partitions (and so one run's results). Each window runs
-under SinkLock, a PostgreSQL advisory lock held across its database transaction, its mirror
-(Parquet, then Delta) and its completion check:
+Several aggregators share the topics' partitions (and so one run's results). A window runs
+under SinkLock, two PostgreSQL advisory locks handed over like a relay: `write` across its
+database transaction, `mirror` across its mirror (Parquet, then Delta) and its completion
+check. A window takes `mirror` before it lets `write` go, so windows mirror in the order their
+transactions committed, while the next window's write overlaps this one's mirror:
 
 * the Delta table and each Parquet segment have one writer at a time, and every segment is
-  rewritten from rows read after the writer's own commit, so the last rewrite holds every
-  committed row;
-* a run is marked completed only by the holder of the lock, after its own mirror; every row
-  committed before was mirrored by the window that committed it, before it let go of the
-  lock: a completed run's rows are all in S3 and Delta, whichever aggregator wrote them.
+  rewritten from rows read after the writer's own commit, in commit order, so the last
+  rewrite holds every committed row, and a row's Delta merge follows its append;
+* a run is marked completed only by the holder of `mirror`, after its own mirror, and only if
+  its count read inside its own transaction (`write` held: no other window's commit is in
+  it unmirrored) was the run's total: every row counted was committed by this window or one
+  whose mirror finished before this one began, so a completed run's rows are all in S3 and
+  Delta, whichever aggregator wrote them.
 
 Crash safety (at-least-once delivery, exactly-once effects): the database write is idempotent
 per item; each row records the Kafka record whose result it holds (`source`); the Delta commit
@@ -56,7 +60,8 @@ from evalstream.common.testhooks import CrashPoints
 
 log = logging.getLogger("evalstream.aggregator.sink")
 
-SINK_LOCK_KEY = 0x65767369  # "evsi": one window at a time across every aggregator
+WRITE_LOCK_KEY = 0x65767369  # "evsi": one window's database write at a time, across aggregators
+MIRROR_LOCK_KEY = 0x6576736D  # "evsm": one window's mirror and completion check at a time
 LOCK_TIMEOUT_S = 300  # a holder stuck longer than this is not waited for: the window is retried
 SEGMENT_WRITERS = 8  # Parquet segments written at once (S3 round trips overlap)
 
@@ -72,13 +77,14 @@ class Window:
     dead_letters: list[DeadLetterRecord] = field(default_factory=list)
 
 
-class SinkLock:
-    """PostgreSQL's session advisory lock SINK_LOCK_KEY on a connection of its own (the
-    window's transaction commits before its mirror, and the lock spans both), plus an asyncio
+class AdvisoryLock:
+    """PostgreSQL's session advisory lock `key` on a connection of its own (a window's
+    transaction commits before its mirror, and `mirror` spans the hand-over), plus an asyncio
     lock, since one session's advisory lock is re-entrant for every handler of the process."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, key: int) -> None:
         self.dsn = dsn
+        self.key = key
         self._local = asyncio.Lock()
         self._conn: asyncpg.Connection | None = None
 
@@ -94,7 +100,7 @@ class SinkLock:
         async with self._local:
             conn = await self._connection()
             try:
-                await conn.execute("SELECT pg_advisory_lock($1)", SINK_LOCK_KEY)
+                await conn.execute("SELECT pg_advisory_lock($1)", self.key)
             except BaseException:
                 await self._drop()
                 raise
@@ -102,7 +108,7 @@ class SinkLock:
                 yield
             finally:
                 try:
-                    await conn.execute("SELECT pg_advisory_unlock($1)", SINK_LOCK_KEY)
+                    await conn.execute("SELECT pg_advisory_unlock($1)", self.key)
                 except BaseException:
                     await self._drop()  # the session's end releases the lock
                     raise
@@ -116,6 +122,19 @@ class SinkLock:
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()
         self._conn = None
+
+
+class SinkLock:
+    """The sink's two locks (module docstring): `write`, then `mirror` taken before `write`
+    is let go. Nothing waits for `write` while holding `mirror`, so the two cannot deadlock."""
+
+    def __init__(self, dsn: str) -> None:
+        self.write = AdvisoryLock(dsn, WRITE_LOCK_KEY)
+        self.mirror = AdvisoryLock(dsn, MIRROR_LOCK_KEY)
+
+    async def close(self) -> None:
+        await self.write.close()
+        await self.mirror.close()
 
 
 class timed(contextlib.AbstractContextManager[None]):
@@ -181,11 +200,16 @@ class ResultSink:
         runs = sorted({r.result.run_id for r in window.results})
         finished: list[tuple[str, bool, dict[str, Any]]] = []
         waiting = timed("lock_wait")
-        async with self.lock.held(), self.pool.acquire() as conn:
-            waiting.close()
-            with timed("database"):
-                async with conn.transaction():
-                    written = await self.store.write(conn, window.results, window.dead_letters)
+        async with self.pool.acquire() as conn, contextlib.AsyncExitStack() as mirroring:
+            async with self.lock.write.held():
+                waiting.close()
+                with timed("database"):
+                    async with conn.transaction():
+                        written = await self.store.write(conn, window.results, window.dead_letters)
+                        counted = await self.store.recorded(conn, runs)
+                handing_over = timed("mirror_wait")
+                await mirroring.enter_async_context(self.lock.mirror.held())
+                handing_over.close()
             # Counted at once: the rows are durable, and a window redone after its mirror
             # failed (S3 away) writes no row again, so it would count nothing then.
             recorded = written_results([r.result for r in window.results], written)
@@ -195,13 +219,13 @@ class ResultSink:
             self.crash_points.reach("aggregator_exit_after_delta")
             with timed("completion"):
                 for run_id in runs:
-                    done = await self.completion.complete_if_done(run_id)
+                    done = await self.completion.complete_if_done(run_id, counted.get(run_id, 0))
                     if done is not None:
                         finished.append((run_id, *done))
         for run_id, first, summary in finished:
             await self.completion.finish(run_id, first, summary)
-            if first:  # the table has one writer at a time: compaction takes the lock too
-                async with self.lock.held():
+            if first:  # the table has one writer at a time: compaction takes `mirror` too
+                async with self.lock.mirror.held():
                     await self.delta.compact(run_id)
         return recorded
 

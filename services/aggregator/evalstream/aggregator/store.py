@@ -262,6 +262,14 @@ class ResultStore:
         )
         return {r["run_id"]: RunMeta(r["model"], r["manifest_sha256"], r["dataset_sha256"]) for r in rows}
 
+    async def recorded(self, conn: asyncpg.Connection, run_ids: Sequence[str]) -> dict[str, int]:
+        """Each run's count of rows, as `conn` sees it (inside a window's transaction: with
+        its own rows)."""
+        rows = await conn.fetch(
+            "SELECT run_id, recorded FROM runs WHERE run_id = ANY($1::text[])", list(run_ids)
+        )
+        return {r["run_id"]: r["recorded"] for r in rows}
+
     async def progress(self, run_id: str) -> tuple[str, int | None, int]:
         """(status, total, results so far)."""
         row = await self.pool.fetchrow("SELECT status, total, recorded FROM runs WHERE run_id = $1", run_id)
