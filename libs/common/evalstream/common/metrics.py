@@ -34,9 +34,10 @@ STAGE_LATENCY = Histogram(
     ["stage"],
     buckets=LATENCY_BUCKETS,
 )
-# The aggregator's results sink, per window (aggregator/sink.py): waiting for the sink lock,
-# then, under it, the database write, the Parquet segments, reading the Delta table's
-# transaction versions, the Delta commit and the completion checks.
+# The aggregator's results sink, per window (aggregator/sink.py): waiting for the write lock,
+# the database write under it, waiting for the mirror lock, then, under that, reading the
+# Delta table's transaction versions, the Parquet segments, the Delta commit and the
+# completion checks.
 SINK_STAGE = Histogram(
     "evalstream_sink_stage_seconds",
     "Time per results-sink window stage (lock_wait, database, mirror_wait, delta_versions, parquet, delta_commit, completion)",

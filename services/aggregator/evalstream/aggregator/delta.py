@@ -20,8 +20,8 @@ Kafka-to-Delta sink uses its batch id:
   missing, a failure replaced by a success, nothing else touched).
 * A run's small files are compacted when it completes.
 
-Concurrency: the table has one writer at a time across every aggregator, the sink's
-PostgreSQL advisory lock (sink.SinkLock), and every write starts from the table's latest
+Concurrency: the table has one writer at a time across every aggregator, the holder of the
+sink's mirror lock (a PostgreSQL advisory lock: sink.SinkLock), and every write starts from the table's latest
 version; so the S3 store needs no lock service: `AWS_S3_ALLOW_UNSAFE_RENAME` tells delta-rs so
 (docs/delta.md).
 """
@@ -69,7 +69,7 @@ def storage_options(settings: S3Settings) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": settings.s3_secret_key,
         "AWS_REGION": settings.s3_region,
         "AWS_ALLOW_HTTP": "true" if settings.s3_endpoint.startswith("http://") else "false",
-        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",  # one writer at a time (sink.SinkLock)
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",  # one writer at a time (sink.SinkLock.mirror)
         "AWS_FORCE_PATH_STYLE": "true",
     }
 
@@ -91,7 +91,7 @@ class TransactionVersions:
     from the commits made since (`held`).
 
     Asking the table (`DeltaTable.transaction_version`) replays its log for each identifier:
-    tens of milliseconds each, several per window, all under the sink lock. Every commit this
+    tens of milliseconds each, several per window, all under the sink's mirror lock. Every commit this
     sink makes names its transactions in its commit info as well (TXNS_KEY, written atomically
     with them), so the commits since the last look, read from the table's history (a few small
     files), tell what changed; a compaction carries none. A commit of anything else (another
