@@ -251,7 +251,7 @@ async def test_a_write_overlaps_another_windows_mirror_and_the_run_completes_onc
         release.wait(60)
         return commit(*args)
 
-    first.sink.delta.results.commit = held_commit  # type: ignore[method-assign]
+    first.sink.delta.results.commit = held_commit  # type: ignore[method-assign,assignment]
     seen_at_completion: list[Counter[tuple[str, bool]]] = []
     for a in aggregators:
         complete = a.store.complete
@@ -260,7 +260,7 @@ async def test_a_write_overlaps_another_windows_mirror_and_the_run_completes_onc
             seen_at_completion.append(delta_items(stack, table_uri, run))
             return await complete(run)
 
-        a.store.complete = watched  # type: ignore[method-assign]
+        a.store.complete = watched  # type: ignore[method-assign,assignment]
 
     mirroring = asyncio.create_task(
         first.sink.record(window(run_id, "eval.results", 0, {0: ["1", "2", "3"]}))

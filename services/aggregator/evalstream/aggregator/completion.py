@@ -72,7 +72,9 @@ class Completion:
             RUN_PROGRESS.labels(run_id=run_id).set(done / total)
         # Every item has its row, so every shard was published, even if the producer has not
         # yet marked the run running (fast runs can finish before it does).
-        if status == "rejected" or total is None or min(done, mirrored) < total:
+        # `done` is read now and may hold another window's rows not yet mirrored; `mirrored`
+        # never exceeds it (a run's count only grows), so it alone decides.
+        if status == "rejected" or total is None or mirrored < total:
             return None
         return await self.store.complete(run_id)
 

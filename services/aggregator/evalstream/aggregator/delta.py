@@ -21,9 +21,9 @@ Kafka-to-Delta sink uses its batch id:
 * A run's small files are compacted when it completes.
 
 Concurrency: the table has one writer at a time across every aggregator, the holder of the
-sink's mirror lock (a PostgreSQL advisory lock: sink.SinkLock), and every write starts from the table's latest
-version; so the S3 store needs no lock service: `AWS_S3_ALLOW_UNSAFE_RENAME` tells delta-rs so
-(docs/delta.md).
+sink's mirror lock (a PostgreSQL advisory lock: sink.SinkLock), and every write starts from
+the table's latest version; so the S3 store needs no lock service:
+`AWS_S3_ALLOW_UNSAFE_RENAME` tells delta-rs so (docs/delta.md).
 """
 
 from __future__ import annotations
@@ -91,10 +91,10 @@ class TransactionVersions:
     from the commits made since (`held`).
 
     Asking the table (`DeltaTable.transaction_version`) replays its log for each identifier:
-    tens of milliseconds each, several per window, all under the sink's mirror lock. Every commit this
-    sink makes names its transactions in its commit info as well (TXNS_KEY, written atomically
-    with them), so the commits since the last look, read from the table's history (a few small
-    files), tell what changed; a compaction carries none. A commit of anything else (another
+    tens of milliseconds each, several per window, all under the sink's mirror lock. Every
+    commit this sink makes names its transactions in its commit info as well (TXNS_KEY,
+    written atomically with them), so the commits since the last look, read from the table's
+    history (a few small files), tell what changed; a compaction carries none. A commit of anything else (another
     writer, an unknown operation), a gap in the history or a table older than the last look
     sends every identifier back to the table. Nothing is assumed of who owns which partition:
     a writer that lost its partition and still committed is seen like any other commit."""
