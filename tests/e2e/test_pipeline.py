@@ -130,7 +130,10 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
 ) -> None:
     start = await topic_end_offsets(topics.SHARDS)
-    items = arithmetic_items(2000, prefix="k")
+    # more items than one results window holds (aggregator_window_records, 2,000), so the
+    # run is recorded over several windows and a kill between them lands part-way
+    items = arithmetic_items(5000, prefix="k")
+    total = len(items)
     name = unique("aggregator-kill")
     proc = subprocess.Popen(
         [
@@ -142,7 +145,7 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
             "--model",
             "null",
             "--shard-size",
-            "20",
+            "50",
             "--wait",
             "--json",
             "--timeout",
@@ -157,14 +160,14 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
 
     async def part_way() -> str | None:  # the run, once its results flow and before they end
         row = await pg.fetchrow("SELECT run_id, recorded FROM runs WHERE name = $1", name)
-        return row["run_id"] if row is not None and 0 < row["recorded"] < 1500 else None
+        return row["run_id"] if row is not None and 0 < row["recorded"] < total else None
 
     # kill -9 the aggregator while results flow, then let `make up` bring it back
-    run_id = await wait_until(part_way, 120, interval=0.1, what="the run's first results")
+    run_id = await wait_until(part_way, 120, interval=0.02, what="the run's first results")
     pid = int((STACK / "run" / "aggregator.pid").read_text())
     os.kill(pid, signal.SIGKILL)
     recorded_at_kill = await pg.fetchval("SELECT count(*) FROM item_results WHERE run_id = $1", run_id)
-    assert recorded_at_kill < 2000, "the kill landed after the run had ended"
+    assert recorded_at_kill < total, "the kill landed after the run had ended"
 
     async def gone() -> bool:
         try:
@@ -180,7 +183,7 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     assert summary["run_id"] == run_id
     # publish one of its shards again, as a producer retry would
     shards = [(k, v) for k, v, _ in await read_topic_since(topics.SHARDS, start) if run_id.encode() in v]
-    assert len(shards) == 100
+    assert len(shards) == total // 50
     results_before = await topic_end_offsets(topics.RESULTS)
     await kafka_producer.send_and_wait(topics.SHARDS, shards[7][1], key=shards[7][0])
 
@@ -194,10 +197,10 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
         lambda: _no_lag(stack, topics.AGGREGATOR_GROUP, topics.RESULTS), 60, what="the aggregator to catch up"
     )
     rows = await result_rows(pg, run_id)
-    assert len(rows) == 2000 and len({r["item_id"] for r in rows}) == 2000
+    assert len(rows) == total and len({r["item_id"] for r in rows}) == total
     assert await run_status(pg, run_id) == "completed"
     # the count completion is decided on moved once per item, not once per delivery
-    assert await pg.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 2000
+    assert await pg.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == total
 
 
 async def _no_lag(stack: Settings, group: str, topic: str) -> bool:
