@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from evalstream.aggregator.delta import DeltaResults, RunMeta, app_id
+from evalstream.aggregator.delta import COMPACT_ROW_GROUP_ROWS, DeltaResults, RunMeta, app_id
 from evalstream.common.results import RESULT_COLUMNS
 from tests.support import duckdb_delta
 
@@ -102,3 +102,25 @@ def test_runs_are_partitions_and_compaction_keeps_rows_and_offsets(
     assert len(before) == 19
     # compaction keeps the transaction identifiers: a window redone after it is recognised
     assert table.held([app]) == {app: 60}
+
+
+def test_compaction_writes_a_big_run_in_bounded_row_groups(
+    tmp_path: Path, con: duckdb.DuckDBPyConnection
+) -> None:
+    """The writer holds one row group in memory: a run of any size compacts into one file
+    of window-sized row groups, not one row group of the whole run."""
+    import pyarrow.parquet as pq
+
+    table = DeltaResults(str(tmp_path), {})
+    windows, per_window = 5, 1500  # 7,500 rows: more than three row groups
+    for i in range(windows):
+        table.commit([row("run-a", f"{i}-{j}", f"s{i}") for j in range(per_window)], [], META, {})
+    table.compact("run-a")
+    (uri,) = table.table().file_uris()  # type: ignore[union-attr]
+    meta = pq.ParquetFile(uri).metadata
+    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert sum(groups) == windows * per_window
+    assert max(groups) <= COMPACT_ROW_GROUP_ROWS and len(groups) == -(
+        -windows * per_window // COMPACT_ROW_GROUP_ROWS
+    )
+    assert len(read(con, tmp_path)) == windows * per_window

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 
 from evalstream.aggregator.objects import SCHEMA as RESULT_SCHEMA
@@ -54,6 +54,12 @@ NO_TRANSACTIONS = frozenset({"OPTIMIZE"})  # operations that never carry a trans
 # Transaction identifiers of long-finished shards expire from the table's state after this
 # (a redelivery arrives within minutes, not weeks).
 TABLE_CONFIG: dict[str, str | None] = {"delta.setTransactionRetentionDuration": "interval 30 days"}
+# Compaction writes a run's rows in row groups of this many rows, one file at a time. The
+# Parquet writer holds a whole row group in memory, and delta-rs' default (a million rows)
+# made compaction hold the whole run: +210 MiB at 150,000 rows, against +84 at 15,000, on
+# top of the aggregator's ~120. Row groups of a window's size keep it about flat (+84 and
+# +68) and compact 3x faster; readers see a few dozen row groups per run.
+COMPACT_ROW_GROUP_ROWS = 2048
 
 Row = Mapping[str, Any]
 
@@ -226,7 +232,13 @@ class DeltaResults:
         table = self.table()
         if table is None:
             return {}
-        return dict(table.optimize.compact(partition_filters=[("run_id", "=", run_id)]))
+        return dict(
+            table.optimize.compact(
+                partition_filters=[("run_id", "=", run_id)],
+                max_concurrent_tasks=1,
+                writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS),
+            )
+        )
 
 
 class DeltaMirror:
