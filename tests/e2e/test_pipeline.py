@@ -130,10 +130,11 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     stack: Settings, pg: asyncpg.Connection, tmp_path: Path, kafka_producer: AIOKafkaProducer
 ) -> None:
     start = await topic_end_offsets(topics.SHARDS)
-    # more items than one results window holds (aggregator_window_records, 2,000), so the
-    # run is recorded over several windows and a kill between them lands part-way
-    items = arithmetic_items(5000, prefix="k")
-    total = len(items)
+    # Results of more bytes than one results window takes (aggregator_window_bytes, 4 MiB;
+    # ~560 bytes a result here), so that the run is recorded over several windows however
+    # far the aggregator lags, and a kill between two of them lands part-way.
+    items = arithmetic_items(12_000, prefix="k")
+    total, shard_size = len(items), 100
     name = unique("aggregator-kill")
     proc = subprocess.Popen(
         [
@@ -145,7 +146,7 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
             "--model",
             "null",
             "--shard-size",
-            "50",
+            str(shard_size),
             "--wait",
             "--json",
             "--timeout",
@@ -183,7 +184,7 @@ async def test_duplicate_shard_and_aggregator_kill_leave_one_row_per_item(
     assert summary["run_id"] == run_id
     # publish one of its shards again, as a producer retry would
     shards = [(k, v) for k, v, _ in await read_topic_since(topics.SHARDS, start) if run_id.encode() in v]
-    assert len(shards) == total // 50
+    assert len(shards) == total // shard_size
     results_before = await topic_end_offsets(topics.RESULTS)
     await kafka_producer.send_and_wait(topics.SHARDS, shards[7][1], key=shards[7][0])
 
