@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.parquet as pq
 import pytest
 
 from evalstream.aggregator.delta import COMPACT_ROW_GROUP_ROWS, DeltaResults, RunMeta, app_id
@@ -108,9 +109,7 @@ def test_compaction_writes_a_big_run_in_bounded_row_groups(
     tmp_path: Path, con: duckdb.DuckDBPyConnection
 ) -> None:
     """The writer holds one row group in memory: a run of any size compacts into one file
-    of window-sized row groups, not one row group of the whole run."""
-    import pyarrow.parquet as pq
-
+    of bounded row groups, not one row group of the whole run."""
     table = DeltaResults(str(tmp_path), {})
     windows, per_window = 5, 1500  # 7,500 rows: more than three row groups
     for i in range(windows):

@@ -57,9 +57,10 @@ TABLE_CONFIG: dict[str, str | None] = {"delta.setTransactionRetentionDuration": 
 # Compaction writes a run's rows in row groups of this many rows, one file at a time. The
 # Parquet writer holds a whole row group in memory, and delta-rs' default (a million rows)
 # made compaction hold the whole run: +210 MiB at 150,000 rows, against +84 at 15,000, on
-# top of the aggregator's ~120. Row groups of a window's size keep it about flat (+84 and
-# +68) and compact 3x faster; readers see a few dozen row groups per run.
+# top of the aggregator's ~120. Row groups of 2,048 rows keep it about flat (+84 and +68)
+# and compact 3x faster; readers see a few dozen row groups per 100,000 rows.
 COMPACT_ROW_GROUP_ROWS = 2048
+COMPACT_WRITER = WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS)
 
 Row = Mapping[str, Any]
 
@@ -100,10 +101,11 @@ class TransactionVersions:
     tens of milliseconds each, several per window, all under the sink's mirror lock. Every
     commit this sink makes names its transactions in its commit info as well (TXNS_KEY,
     written atomically with them), so the commits since the last look, read from the table's
-    history (a few small files), tell what changed; a compaction carries none. A commit of anything else (another
-    writer, an unknown operation), a gap in the history or a table older than the last look
-    sends every identifier back to the table. Nothing is assumed of who owns which partition:
-    a writer that lost its partition and still committed is seen like any other commit."""
+    history (a few small files), tell what changed; a compaction carries none. A commit of
+    anything else (another writer, an unknown operation), a gap in the history or a table
+    older than the last look sends every identifier back to the table. Nothing is assumed of
+    who owns which partition: a writer that lost its partition and still committed is seen
+    like any other commit."""
 
     def __init__(self) -> None:
         self.known: dict[str, int | None] = {}
@@ -236,7 +238,7 @@ class DeltaResults:
             table.optimize.compact(
                 partition_filters=[("run_id", "=", run_id)],
                 max_concurrent_tasks=1,
-                writer_properties=WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS),
+                writer_properties=COMPACT_WRITER,
             )
         )
 
