@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import msgspec
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -28,6 +29,7 @@ from evalstream.aggregator.sink import ResultSink, SinkLock, Window
 from evalstream.aggregator.store import ResultStore, Sourced, source_of
 from evalstream.common import db, storage
 from evalstream.common.messages import ItemResult
+from evalstream.common.results import RESULT_COLUMNS
 from evalstream.common.settings import Settings
 from evalstream.common.testhooks import CrashPoints
 from tests.support import principal_settings, unique, wait_until
@@ -234,6 +236,55 @@ async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
     first = pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, names[0])))
     assert first.num_rows == objects.SEGMENT_ROWS
     assert parquet_items(stack, run_id) == await pg_items(pg_admin, run_id)
+
+
+async def test_segments_are_the_database_rows_column_for_column_whichever_window_wrote_them(
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator]
+) -> None:
+    """A window mirrors its own rows from memory and reads the rest of each segment: the
+    segment still equals the database, whoever wrote which row, after failures replaced by
+    successes at scattered ordinals (few: read around them; many: the segment read whole)
+    and with a NUL the database cannot store."""
+    run_id = await new_run(pg_admin, total=100)
+
+    def item(i: int, *, retried: bool = False) -> ItemResult:
+        failed = i % 3 == 0 and not retried
+        r = result(run_id, f"{i:03d}", error="timed out" if failed else None)
+        return msgspec.structs.replace(r, response="nul \x00 here", latency_ms=2.5) if i == 5 else r
+
+    def sourced(items: list[ItemResult], offset: int) -> Window:
+        return Window([Sourced(r, source_of("eval.results", 4, offset)) for r in items])
+
+    async def segment_is_the_database() -> None:
+        s3 = storage.client(stack)
+        name = f"runs/{run_id}/results/part-000000.parquet"
+        stored = pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, name))).to_pylist()
+        rows = await pg_admin.fetch(
+            f"SELECT {', '.join(RESULT_COLUMNS)} FROM item_results WHERE run_id = $1 ORDER BY ordinal", run_id
+        )
+        assert stored == [dict(r) for r in rows]
+
+    first, second = aggregators
+    await first.sink.record(sourced([item(i) for i in range(60)], 0))
+    await segment_is_the_database()
+    await second.sink.record(sourced([item(i) for i in range(60, 100)], 1))
+    await segment_is_the_database()
+    await first.sink.record(sourced([item(0, retried=True), item(30, retried=True)], 2))  # 2 spans read
+    await segment_is_the_database()
+    retried = [item(i, retried=True) for i in range(3, 100, 3) if i != 30]  # 33 spans: read whole
+    await second.sink.record(sourced(retried, 3))
+    await segment_is_the_database()
+    assert (
+        await pg_admin.fetchval(
+            "SELECT count(*) FROM item_results WHERE run_id = $1 AND error IS NULL", run_id
+        )
+        == 100
+    )
+    assert await pg_admin.fetchval("SELECT status FROM runs WHERE run_id = $1", run_id) == "completed"
+    nul = await pg_admin.fetchval(
+        "SELECT response FROM item_results WHERE run_id = $1 AND item_id = '005'", run_id
+    )
+    assert nul == "nul \ufffd here"
 
 
 async def test_a_write_overlaps_another_windows_mirror_and_the_run_completes_once_all_is_mirrored(

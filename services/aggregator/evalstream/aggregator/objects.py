@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -23,7 +24,7 @@ from evalstream.common.results import RESULT_COLUMNS, arrow_schema
 SCHEMA = arrow_schema(RESULT_COLUMNS)  # S3 mirrors PostgreSQL column for column
 
 
-def rows_to_parquet(rows: list[asyncpg.Record] | list[dict[str, Any]]) -> bytes:
+def rows_to_parquet(rows: Sequence[Mapping[str, Any]] | Sequence[asyncpg.Record]) -> bytes:
     columns = {name: [r[name] for r in rows] for name in SCHEMA.names}
     table = pa.table(columns, schema=SCHEMA)
     buf = io.BytesIO()
@@ -43,7 +44,34 @@ def segment_bounds(segment: int) -> tuple[int, int]:
     return segment * SEGMENT_ROWS, (segment + 1) * SEGMENT_ROWS
 
 
-def write_segment(s3: Minio, bucket: str, run_id: str, segment: int, rows: list[asyncpg.Record]) -> str:
+MAX_READ_SPANS = 16  # a segment's rows read in this many spans at most, else all of it
+
+
+def spans_without(first: int, end: int, held: Iterable[int]) -> list[tuple[int, int]] | None:
+    """The [first, end) spans of ordinals left when the `held` ones are taken out, or None
+    when they are more than MAX_READ_SPANS (then the whole segment is read)."""
+    spans: list[tuple[int, int]] = []
+    start = first
+    for ordinal in sorted(o for o in held if first <= o < end):
+        if ordinal > start:
+            if len(spans) == MAX_READ_SPANS:
+                return None
+            spans.append((start, ordinal))
+        start = ordinal + 1
+    if start < end:
+        if len(spans) == MAX_READ_SPANS:
+            return None
+        spans.append((start, end))
+    return spans
+
+
+def write_segment(
+    s3: Minio,
+    bucket: str,
+    run_id: str,
+    segment: int,
+    rows: Sequence[Mapping[str, Any]] | Sequence[asyncpg.Record],
+) -> str:
     name = segment_object_name(run_id, segment)
     storage.put_bytes(s3, bucket, name, rows_to_parquet(rows), "application/vnd.apache.parquet")
     return name

@@ -51,7 +51,7 @@ from evalstream.aggregator.store import (
     Sourced,
     Written,
     coordinates,
-    storable,
+    row_values,
 )
 from evalstream.common.messages import ItemResult
 from evalstream.common.metrics import SINK_STAGE
@@ -156,21 +156,24 @@ class timed(contextlib.AbstractContextManager[None]):
 
 def result_row(result: ItemResult) -> dict[str, Any]:
     """A result as its database row holds it (NUL replaced, as store.write stores it)."""
-    return {c: storable(getattr(result, c)) for c in RESULT_COLUMNS}
+    return dict(zip(RESULT_COLUMNS, row_values(result), strict=True))
 
 
 @dataclass
 class Effects:
     """What a window's mirror must do: Delta rows to append or merge, the transaction
-    versions they commit, and the Parquet segments to rewrite, by run."""
+    versions they commit, and the Parquet segments to rewrite, by run, with the rows the
+    window holds of them (by ordinal: what it wrote, or found as its records' rows)."""
 
     appended: list[Row] = field(default_factory=list)
     merged: list[Row] = field(default_factory=list)
     transactions: dict[str, int] = field(default_factory=dict)
     segments: dict[str, set[int]] = field(default_factory=dict)
+    rows: dict[str, dict[int, Row]] = field(default_factory=dict)
 
-    def touch(self, run_id: str, ordinal: int) -> None:
+    def touch(self, run_id: str, ordinal: int, row: Row) -> None:
         self.segments.setdefault(run_id, set()).add(objects.segment_of(ordinal))
+        self.rows.setdefault(run_id, {})[ordinal] = row
 
 
 class ResultSink:
@@ -237,15 +240,27 @@ class ResultSink:
         gate = asyncio.Semaphore(SEGMENT_WRITERS)
 
         async def rewrite(run_id: str, segment: int) -> None:
-            first, end = objects.segment_bounds(segment)
             async with gate:
-                rows = await self.store.segment_rows(self.pool, run_id, first, end)
+                rows = await self.segment_rows(run_id, segment, effects.rows.get(run_id, {}))
                 await asyncio.to_thread(objects.write_segment, self.s3, self.bucket, run_id, segment, rows)
 
         with timed("parquet"):
             await asyncio.gather(*(rewrite(run_id, k) for run_id, k in by_segment))
         with timed("delta_commit"):
             await self.delta.commit(effects.appended, effects.merged, effects.transactions)
+
+    async def segment_rows(self, run_id: str, segment: int, held: Mapping[int, Row]) -> list[Row]:
+        """A segment's rows as the database holds them now: the window's own from memory (as
+        committed; a later window that changed one rewrites the segment after this one), the
+        rest read. Reading after the window's commit keeps the rewrite up to date (module
+        docstring)."""
+        first, end = objects.segment_bounds(segment)
+        spans = objects.spans_without(first, end, held)
+        if spans is None:  # held rows scattered: the whole segment in one read
+            return list(await self.store.segment_rows(self.pool, run_id, first, end))
+        rows = {r["ordinal"]: r for r in await self.store.rows_between(self.pool, run_id, spans)}
+        rows.update((o, row) for o, row in held.items() if first <= o < end)
+        return [rows[o] for o in sorted(rows)]
 
     async def effects(
         self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]
@@ -262,9 +277,10 @@ class ResultSink:
             return version is None or offset >= version
 
         for (run_id, _), w in written.items():
-            out.touch(run_id, w.ordinal)
+            row = result_row(w.row.result)
+            out.touch(run_id, w.ordinal, row)
             if pending(w.row.source):
-                (out.appended if w.inserted else out.merged).append(result_row(w.row.result))
+                (out.appended if w.inserted else out.merged).append(row)
         # Items this write did not change, carried by records Delta has not committed: a window
         # redone after a crash finds its rows by their source (else they are duplicates).
         again = {r.key for r in window.results if r.key not in written and pending(r.source)}
@@ -272,8 +288,9 @@ class ResultSink:
             sources = {r.source for r in window.results if pending(r.source)}
             for (run_id, _), row in (await self.store.stored_rows(conn, again)).items():
                 if row["source"] in sources:
-                    out.touch(run_id, row["ordinal"])
-                    out.merged.append({c: row[c] for c in RESULT_COLUMNS})
+                    values = {c: row[c] for c in RESULT_COLUMNS}
+                    out.touch(run_id, row["ordinal"], values)
+                    out.merged.append(values)
         for source in coords:
             if pending(source):
                 topic, partition, offset = coords[source]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ import msgspec
 from evalstream.common.analysis.reports import summarise
 from evalstream.common.messages import ItemResult
 from evalstream.common.names import is_plain_name
-from evalstream.common.results import RESULT_COLUMNS
+from evalstream.common.results import RESULT_COLUMNS, pg_type
 
 # A window's rows reach item_results through a temporary table of the session's own: COPY in
 # binary (asyncpg encodes each value once; an array parameter per column costs it an ABC check
@@ -75,15 +76,38 @@ SELECT_SEGMENT = (
 )
 
 
+# Rows by spans of ordinals: a window mirrors the rows it wrote itself from memory and reads
+# only the rest of each segment it rewrites (sink.py).
+SELECT_SPANS = (
+    f"SELECT i.ordinal, {', '.join('i.' + c for c in RESULT_COLUMNS)}"
+    " FROM unnest($2::int8[], $3::int8[]) AS span(lo, hi)"
+    " JOIN item_results i ON i.run_id = $1 AND i.ordinal >= span.lo AND i.ordinal < span.hi"
+)
+
+
 def _staged_record(row: Sourced, ordinal: int) -> tuple[Any, ...]:
     """A row as COPY sends it, in STAGED_COLUMNS' order."""
-    result = row.result
-    return (*(storable(getattr(result, c)) for c in RESULT_COLUMNS), ordinal, row.source)
+    return (*row_values(row.result), ordinal, row.source)
+
+
+_result_values = operator.attrgetter(*RESULT_COLUMNS)
+_TEXT_AT = [i for i, c in enumerate(RESULT_COLUMNS) if pg_type(c) == "text"]
+_text_values = operator.itemgetter(*_TEXT_AT)
+
+
+def row_values(result: ItemResult) -> tuple[Any, ...]:
+    """A result's values in RESULT_COLUMNS' order, as its row holds them. PostgreSQL text
+    cannot hold NUL, and a model may well emit one: refusing the batch would redeliver it
+    for ever, so the character is replaced instead. (One joined string per row is checked
+    for it: this runs for every row of every window.)"""
+    values: tuple[Any, ...] = _result_values(result)
+    if "\x00" not in "".join(filter(None, _text_values(values))):
+        return values
+    return tuple(storable(v) for v in values)
 
 
 def storable(value: Any) -> Any:
-    """PostgreSQL text cannot hold NUL; a model may well emit one. Refusing the batch would
-    redeliver it for ever, so the character is replaced instead."""
+    """`value`, with any NUL character of a string replaced (PostgreSQL text cannot hold one)."""
     return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value else value
 
 
@@ -254,6 +278,15 @@ class ResultStore:
     ) -> list[asyncpg.Record]:
         """The run's rows with ordinals in [first, end), in ordinal order."""
         return list(await conn.fetch(SELECT_SEGMENT, run_id, first, end))
+
+    async def rows_between(
+        self, conn: asyncpg.Connection | asyncpg.Pool, run_id: str, spans: Sequence[tuple[int, int]]
+    ) -> list[asyncpg.Record]:
+        """The run's rows (with their ordinals) whose ordinals fall in any of the [first, end)
+        `spans`."""
+        if not spans:
+            return []
+        return list(await conn.fetch(SELECT_SPANS, run_id, [s[0] for s in spans], [s[1] for s in spans]))
 
     async def run_meta(self, run_ids: Sequence[str]) -> dict[str, RunMeta]:
         rows = await self.pool.fetch(
