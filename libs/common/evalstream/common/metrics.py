@@ -40,7 +40,7 @@ STAGE_LATENCY = Histogram(
 # completion checks.
 SINK_STAGE = Histogram(
     "evalstream_sink_stage_seconds",
-    "Time per results-sink window stage (lock_wait, database, mirror_wait, delta_versions, parquet, delta_commit, completion)",
+    "Time per results-sink window stage (staging, lock_wait, database, mirror_wait, delta_versions, parquet, delta_commit, completion)",
     ["stage"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )

@@ -38,9 +38,15 @@ _UPDATES = ", ".join(f"{c} = EXCLUDED.{c}" for c in (*RESULT_COLUMNS[2:], "sourc
 
 
 def _insert_staged(where: str) -> str:
+    # A staged row's ordinal is its place among the window's rows of its run; the run's block
+    # of ordinals, allocated under the write lock ($1 runs, $2 bases), makes it the run's.
+    values = ", ".join(
+        "staged.ordinal + block.base" if c == "ordinal" else f"staged.{c}" for c in STAGED_COLUMNS
+    )
     return (
         f"WITH staged AS (DELETE FROM {STAGING} WHERE {where} RETURNING {_STAGED}) "
-        f"INSERT INTO item_results ({_STAGED}) SELECT {_STAGED} FROM staged "
+        f"INSERT INTO item_results ({_STAGED}) SELECT {values} FROM staged"
+        " JOIN unnest($1::text[], $2::int8[]) AS block(run_id, base) ON block.run_id = staged.run_id "
     )
 
 
@@ -155,6 +161,17 @@ class Written:
 
 
 @dataclass(frozen=True)
+class Staged:
+    """A window's rows in the staging table (ResultStore.stage), one per item, by key; how
+    many of each run's; whether any succeeded, any failed."""
+
+    rows: dict[tuple[str, str], Sourced]
+    per_run: dict[str, int]
+    successes: bool
+    failures: bool
+
+
+@dataclass(frozen=True)
 class DeadLetterRecord:
     run_id: str | None
     item_id: str | None
@@ -203,6 +220,32 @@ class ResultStore:
         """Writes in `conn`'s transaction (the caller commits: all of it is durable before any
         offset is committed). Returns the rows it wrote, by (run_id, item_id); a redelivered
         duplicate is not among them."""
+        return await self.apply(conn, await self.stage(conn, results), dead_letters)
+
+    async def stage(self, conn: asyncpg.Connection, results: Sequence[Sourced]) -> Staged:
+        """The first half of `write`, in `conn`'s transaction: the results into the session's
+        staging table. It touches no shared row, so the sink does it before it takes the
+        write lock (sink.py)."""
+        successes = _one_per_item(r for r in results if r.result.error is None)
+        failures = _one_per_item(r for r in results if r.result.error is not None)
+        # Rows in run order, so that each run's new rows get consecutive ordinals.
+        rows = sorted([*successes, *failures], key=lambda r: r.key)
+        per_run: dict[str, int] = {}
+        records = []
+        for r in rows:
+            place = per_run.get(r.result.run_id, 0)
+            per_run[r.result.run_id] = place + 1
+            records.append(_staged_record(r, place))
+        if records:
+            await conn.execute(CREATE_STAGING)
+            await conn.copy_records_to_table(STAGING, records=records, columns=STAGED_COLUMNS)
+        return Staged({r.key: r for r in rows}, per_run, bool(successes), bool(failures))
+
+    async def apply(
+        self, conn: asyncpg.Connection, staged: Staged, dead_letters: Sequence[DeadLetterRecord] = ()
+    ) -> dict[tuple[str, str], Written]:
+        """The second half of `write`, in the transaction `stage` began: the staged rows into
+        item_results, under the run's next block of ordinals, and the runs' counts."""
         if dead_letters:
             await conn.executemany(
                 "INSERT INTO dead_letters (run_id, item_id, original_topic, original_partition, original_offset,"
@@ -226,36 +269,18 @@ class ResultStore:
                     for d in dead_letters
                 ],
             )
-        successes = _one_per_item(r for r in results if r.result.error is None)
-        failures = _one_per_item(r for r in results if r.result.error is not None)
-        if not successes and not failures:
+        if not staged.rows:
             return {}
-        # Rows in run order, so that each run's new rows get consecutive ordinals.
-        rows = sorted([*successes, *failures], key=lambda r: r.key)
-        per_run: dict[str, int] = {}
-        for r in rows:
-            per_run[r.result.run_id] = per_run.get(r.result.run_id, 0) + 1
-        bases = {
-            rec["run_id"]: rec["base"]
-            for rec in await conn.fetch(ALLOCATE_ORDINALS, list(per_run), list(per_run.values()))
-        }
-        ordinal_of: dict[tuple[str, str], int] = {}
-        for r in rows:
-            run_id = r.result.run_id
-            ordinal_of[r.key] = bases[run_id]
-            bases[run_id] += 1
-        by_key = {r.key: r for r in rows}
-        await conn.execute(CREATE_STAGING)
-        await conn.copy_records_to_table(
-            STAGING, records=[_staged_record(r, ordinal_of[r.key]) for r in rows], columns=STAGED_COLUMNS
-        )
+        runs, counts = list(staged.per_run), list(staged.per_run.values())
+        blocks = {rec["run_id"]: rec["base"] for rec in await conn.fetch(ALLOCATE_ORDINALS, runs, counts)}
+        bases = [blocks[r] for r in runs]
         added: dict[str, int] = {}
         written: dict[tuple[str, str], Written] = {}
-        for sql, any_rows in ((UPSERT_SUCCESS, successes), (INSERT_FAILURE, failures)):
-            for rec in await conn.fetch(sql) if any_rows else ():
+        for sql, any_rows in ((UPSERT_SUCCESS, staged.successes), (INSERT_FAILURE, staged.failures)):
+            for rec in await conn.fetch(sql, runs, bases) if any_rows else ():
                 added[rec["run_id"]] = added.get(rec["run_id"], 0) + int(rec["inserted"])
                 key = (rec["run_id"], rec["item_id"])
-                written[key] = Written(rec["inserted"], rec["ordinal"], by_key[key])
+                written[key] = Written(rec["inserted"], rec["ordinal"], staged.rows[key])
         if any(added.values()):
             await conn.executemany(
                 "UPDATE runs SET recorded = recorded + $2, updated_at = now() WHERE run_id = $1",
