@@ -31,8 +31,12 @@ def test_the_aggregator_writes_every_result_column_with_its_declared_type() -> N
     # the staging table copies item_results' own column types, so COPY encodes each value
     # with the type declared there, not one inferred from the value
     assert store.CREATE_STAGING.endswith(f"SELECT {columns} FROM item_results WITH NO DATA")
+    # every staged column, the ordinal made the run's by its block's base
+    values = ", ".join(
+        "staged.ordinal + block.base" if c == "ordinal" else f"staged.{c}" for c in store.STAGED_COLUMNS
+    )
     for statement in (store.UPSERT_SUCCESS, store.INSERT_FAILURE):
-        assert f"INSERT INTO item_results ({columns}) SELECT {columns} FROM staged" in statement
+        assert f"INSERT INTO item_results ({columns}) SELECT {values} FROM staged" in statement
 
 
 def test_export_columns_are_result_columns() -> None:
