@@ -287,6 +287,35 @@ async def test_segments_are_the_database_rows_column_for_column_whichever_window
     assert nul == "nul \ufffd here"
 
 
+async def test_a_window_whose_write_fails_holds_no_lock_and_leaves_nothing_behind(
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
+) -> None:
+    """The rows are staged before the write lock is taken; a failure under the lock rolls the
+    transaction back (the staged rows with it) and lets the lock go, so the other aggregator
+    writes the window at once, and the failed one can write its next window."""
+    first, second = aggregators
+    run_id = await new_run(pg_admin, total=6)
+    apply = first.store.apply
+
+    async def failing(*args: Any, **kw: Any) -> Any:
+        await apply(*args, **kw)  # the rows are in item_results, uncommitted
+        raise ConnectionResetError("the database went away")
+
+    first.store.apply = failing  # type: ignore[method-assign]
+    w1 = window(run_id, "eval.results", 0, {0: ["1", "2", "3"]})
+    with pytest.raises(ConnectionResetError):
+        await first.sink.record(w1)
+    assert await pg_items(pg_admin, run_id) == Counter()
+    await asyncio.wait_for(second.sink.record(w1), 30)  # the write lock is free
+    first.store.apply = apply  # type: ignore[method-assign]
+    await asyncio.wait_for(first.sink.record(window(run_id, "eval.results", 0, {1: ["4", "5", "6"]})), 30)
+    expected = Counter({(str(i), True): 1 for i in range(1, 7)})
+    assert await pg_items(pg_admin, run_id) == expected
+    assert delta_items(stack, table_uri, run_id) == expected
+    assert parquet_items(stack, run_id) == expected
+    assert await pg_admin.fetchval("SELECT recorded FROM runs WHERE run_id = $1", run_id) == 6
+
+
 async def test_a_write_overlaps_another_windows_mirror_and_the_run_completes_once_all_is_mirrored(
     stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
 ) -> None:

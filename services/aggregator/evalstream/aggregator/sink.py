@@ -203,28 +203,23 @@ class ResultSink:
         runs = sorted({r.result.run_id for r in window.results})
         finished: list[tuple[str, bool, dict[str, Any]]] = []
         async with self.pool.acquire() as conn, contextlib.AsyncExitStack() as mirroring:
-            # The window's rows are staged before the write lock is taken (they touch no shared
-            # row), so that the windows of several aggregators overlap that much more.
-            transaction = conn.transaction()
-            await transaction.start()
-            committed = False
-            try:
-                with timed("staging"):
-                    staged = await self.store.stage(conn, window.results)
-                waiting = timed("lock_wait")
-                async with self.lock.write.held():
+            async with contextlib.AsyncExitStack() as writing:
+                # The window's rows are staged before the write lock is taken (they touch no
+                # shared row), so that the windows of several aggregators overlap that much
+                # more; the transaction commits with the lock still held.
+                async with conn.transaction():
+                    with timed("staging"):
+                        staged = await self.store.stage(conn, window.results)
+                    waiting = timed("lock_wait")
+                    await writing.enter_async_context(self.lock.write.held())
                     waiting.close()
-                    with timed("database"):
-                        written = await self.store.apply(conn, staged, window.dead_letters)
-                        counted = await self.store.recorded(conn, runs)
-                        await transaction.commit()
-                        committed = True
-                    handing_over = timed("mirror_wait")
-                    await mirroring.enter_async_context(self.lock.mirror.held())
-                    handing_over.close()
-            finally:
-                if not committed:
-                    await transaction.rollback()
+                    database = timed("database")
+                    written = await self.store.apply(conn, staged, window.dead_letters)
+                    counted = await self.store.recorded(conn, runs)
+                database.close()
+                handing_over = timed("mirror_wait")
+                await mirroring.enter_async_context(self.lock.mirror.held())
+                handing_over.close()
             # Counted at once: the rows are durable, and a window redone after its mirror
             # failed (S3 away) writes no row again, so it would count nothing then.
             recorded = written_results([r.result for r in window.results], written)
