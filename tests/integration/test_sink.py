@@ -239,17 +239,18 @@ async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
 
 
 async def test_segments_are_the_database_rows_column_for_column_whichever_window_wrote_them(
-    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator]
+    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator], table_uri: str
 ) -> None:
     """A window mirrors its own rows from memory and reads the rest of each segment: the
     segment still equals the database, whoever wrote which row, after failures replaced by
-    successes at scattered ordinals (few: read around them; many: the segment read whole)
-    and with a NUL the database cannot store."""
+    successes at scattered ordinals (few: read around them; many: the segment read whole),
+    with NULs the database cannot store (in an answer, in an item id), and with a failure
+    and a success of one item in one window (the success is the row, everywhere)."""
     run_id = await new_run(pg_admin, total=100)
 
     def item(i: int, *, retried: bool = False) -> ItemResult:
         failed = i % 3 == 0 and not retried
-        r = result(run_id, f"{i:03d}", error="timed out" if failed else None)
+        r = result(run_id, "09\x009" if i == 99 else f"{i:03d}", error="timed out" if failed else None)
         return msgspec.structs.replace(r, response="nul \x00 here", latency_ms=2.5) if i == 5 else r
 
     def sourced(items: list[ItemResult], offset: int) -> Window:
@@ -265,14 +266,18 @@ async def test_segments_are_the_database_rows_column_for_column_whichever_window
         assert stored == [dict(r) for r in rows]
 
     first, second = aggregators
-    await first.sink.record(sourced([item(i) for i in range(60)], 0))
+    # item 1 timed out on one delivery and was answered on another, both in this window
+    timed_out = Sourced(result(run_id, "001", error="timed out"), source_of("eval.results", 4, 0))
+    both = sourced([item(i) for i in range(60)], 1)
+    await first.sink.record(Window([timed_out, *both.results]))
     await segment_is_the_database()
-    await second.sink.record(sourced([item(i) for i in range(60, 100)], 1))
+    assert delta_items(stack, table_uri, run_id)[("001", True)] == 1
+    await second.sink.record(sourced([item(i) for i in range(60, 100)], 2))
     await segment_is_the_database()
-    await first.sink.record(sourced([item(0, retried=True), item(30, retried=True)], 2))  # 2 spans read
+    await first.sink.record(sourced([item(0, retried=True), item(30, retried=True)], 3))  # 2 spans read
     await segment_is_the_database()
     retried = [item(i, retried=True) for i in range(3, 100, 3) if i != 30]  # 33 spans: read whole
-    await second.sink.record(sourced(retried, 3))
+    await second.sink.record(sourced(retried, 4))
     await segment_is_the_database()
     assert (
         await pg_admin.fetchval(
@@ -285,6 +290,14 @@ async def test_segments_are_the_database_rows_column_for_column_whichever_window
         "SELECT response FROM item_results WHERE run_id = $1 AND item_id = '005'", run_id
     )
     assert nul == "nul \ufffd here"
+    assert (
+        await pg_admin.fetchval(
+            "SELECT count(*) FROM item_results WHERE run_id = $1 AND item_id = '09\ufffd9'", run_id
+        )
+        == 1
+    )
+    expected = Counter({(f"{i:03d}" if i < 99 else "09\ufffd9", True): 1 for i in range(100)})
+    assert delta_items(stack, table_uri, run_id) == expected
 
 
 async def test_a_window_whose_write_fails_holds_no_lock_and_leaves_nothing_behind(

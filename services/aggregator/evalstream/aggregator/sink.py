@@ -14,8 +14,9 @@ check. A window takes `mirror` before it lets `write` go, so windows mirror in t
 transactions committed, while the next window's write overlaps this one's mirror:
 
 * the Delta table and each Parquet segment have one writer at a time, and every segment is
-  rewritten from rows read after the writer's own commit, in commit order, so the last
-  rewrite holds every committed row, and a row's Delta merge follows its append;
+  rewritten, in commit order, from the writer's own rows as it committed them and the rest
+  read after that commit; a row a later window changed is rewritten by that window's mirror,
+  so the last rewrite holds every committed row, and a row's Delta merge follows its append;
 * a run is marked completed only by the holder of `mirror`, after its own mirror, and only if
   its count read inside its own transaction (`write` held: no other window's commit is in
   it unmirrored) was the run's total: every row counted was committed by this window or one

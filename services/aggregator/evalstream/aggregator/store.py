@@ -102,14 +102,20 @@ _text_values = operator.itemgetter(*_TEXT_AT)
 
 
 def row_values(result: ItemResult) -> tuple[Any, ...]:
-    """A result's values in RESULT_COLUMNS' order, as its row holds them. PostgreSQL text
-    cannot hold NUL, and a model may well emit one: refusing the batch would redeliver it
-    for ever, so the character is replaced instead. (One joined string per row is checked
-    for it: this runs for every row of every window.)"""
+    """A result's values in RESULT_COLUMNS' order, as its row holds them (a Sourced result
+    holds no NUL)."""
     values: tuple[Any, ...] = _result_values(result)
-    if "\x00" not in "".join(filter(None, _text_values(values))):
-        return values
-    return tuple(storable(v) for v in values)
+    return values
+
+
+def storable_result(result: ItemResult) -> ItemResult:
+    """`result` with every NUL of its stored strings replaced. PostgreSQL text cannot hold
+    one, and a model may well emit one: refusing the batch would redeliver it for ever. (One
+    joined string per result is checked for it: this runs for every result of every window.)"""
+    if "\x00" not in "".join(filter(None, _text_values(_result_values(result)))):
+        return result
+    changed = {c: storable(getattr(result, c)) for c in RESULT_COLUMNS if isinstance(getattr(result, c), str)}
+    return msgspec.structs.replace(result, **changed)
 
 
 def storable(value: Any) -> Any:
@@ -144,6 +150,10 @@ class Sourced:
 
     result: ItemResult
     source: str
+
+    def __post_init__(self) -> None:
+        # cleaned where results enter the sink: a row's key is the key it is stored under
+        object.__setattr__(self, "result", storable_result(self.result))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -226,10 +236,9 @@ class ResultStore:
         """The first half of `write`, in `conn`'s transaction: the results into the session's
         staging table. It touches no shared row, so the sink does it before it takes the
         write lock (sink.py)."""
-        successes = _one_per_item(r for r in results if r.result.error is None)
-        failures = _one_per_item(r for r in results if r.result.error is not None)
-        # Rows in run order, so that each run's new rows get consecutive ordinals.
-        rows = sorted([*successes, *failures], key=lambda r: r.key)
+        # One row per item (a success over a failure), in run order, so that each run's new
+        # rows get consecutive ordinals.
+        rows = sorted(_one_per_item(results), key=lambda r: r.key)
         per_run: dict[str, int] = {}
         records = []
         for r in rows:
@@ -239,7 +248,10 @@ class ResultStore:
         if records:
             await conn.execute(CREATE_STAGING)
             await conn.copy_records_to_table(STAGING, records=records, columns=STAGED_COLUMNS)
-        return Staged({r.key: r for r in rows}, per_run, bool(successes), bool(failures))
+        successes = any(r.result.error is None for r in rows)
+        return Staged(
+            {r.key: r for r in rows}, per_run, successes, any(r.result.error is not None for r in rows)
+        )
 
     async def apply(
         self, conn: asyncpg.Connection, staged: Staged, dead_letters: Sequence[DeadLetterRecord] = ()
