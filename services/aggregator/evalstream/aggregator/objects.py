@@ -52,17 +52,11 @@ def spans_without(first: int, end: int, held: Iterable[int]) -> list[tuple[int, 
     when they are more than MAX_READ_SPANS (then the whole segment is read)."""
     spans: list[tuple[int, int]] = []
     start = first
-    for ordinal in sorted(o for o in held if first <= o < end):
+    for ordinal in [*sorted(o for o in held if first <= o < end), end]:
         if ordinal > start:
-            if len(spans) == MAX_READ_SPANS:
-                return None
             spans.append((start, ordinal))
         start = ordinal + 1
-    if start < end:
-        if len(spans) == MAX_READ_SPANS:
-            return None
-        spans.append((start, end))
-    return spans
+    return spans if len(spans) <= MAX_READ_SPANS else None
 
 
 def write_segment(

@@ -163,18 +163,20 @@ def result_row(result: ItemResult) -> dict[str, Any]:
 @dataclass
 class Effects:
     """What a window's mirror must do: Delta rows to append or merge, the transaction
-    versions they commit, and the Parquet segments to rewrite, by run, with the rows the
-    window holds of them (by ordinal: what it wrote, or found as its records' rows)."""
+    versions they commit, and the rows the window holds, by run and ordinal (what it wrote,
+    or found as its records' rows): the Parquet segments they fall into are rewritten."""
 
     appended: list[Row] = field(default_factory=list)
     merged: list[Row] = field(default_factory=list)
     transactions: dict[str, int] = field(default_factory=dict)
-    segments: dict[str, set[int]] = field(default_factory=dict)
     rows: dict[str, dict[int, Row]] = field(default_factory=dict)
 
     def touch(self, run_id: str, ordinal: int, row: Row) -> None:
-        self.segments.setdefault(run_id, set()).add(objects.segment_of(ordinal))
         self.rows.setdefault(run_id, {})[ordinal] = row
+
+    def segments(self) -> list[tuple[str, int]]:
+        """(run, segment) of every segment the window's rows fell into, in order."""
+        return sorted({(run_id, objects.segment_of(o)) for run_id, held in self.rows.items() for o in held})
 
 
 class ResultSink:
@@ -242,9 +244,7 @@ class ResultSink:
 
     async def mirror(self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]) -> None:
         effects = await self.effects(conn, window, written)
-        by_segment = [
-            (run_id, k) for run_id, segments in sorted(effects.segments.items()) for k in sorted(segments)
-        ]
+        by_segment = effects.segments()
         gate = asyncio.Semaphore(SEGMENT_WRITERS)
 
         async def rewrite(run_id: str, segment: int) -> None:
