@@ -310,3 +310,21 @@ class TestJudge:
             grade = judge(provider.spec("judge-model", retries=0))
             with pytest.raises(TransientEngineError):
                 grade("x", Item(id="q", answer="y"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0", "007", "42", "1234567", "9" * 40, "1" * 400, "١٢", "１２", "42.", "1,234", "#### 7", " 8 ", ""],
+)
+def test_number_fast_paths_read_what_the_regular_expression_reads(text: str) -> None:
+    """parse_number and ascii_numbers skip their regular expressions for plain ASCII text:
+    the value must be the one NUMBER's own reading gives (a digit string of any length, a
+    non-ASCII digit, and text that needs the slow path)."""
+    from evalstream.common import gold
+
+    slow = gold._LATEX_FRAC.sub(r"\1/\2", text.translate(gold._TO_ASCII))
+    slow = slow.replace("{,}", ",").replace("\\$", "$").replace("\\!", "")
+    assert gold.ascii_numbers(text) == slow
+    tail = slow.rsplit("####", 1)[-1].strip().rstrip(".").rstrip("%").strip()
+    m = gold.NUMBER.fullmatch(tail)
+    assert gold.parse_number(text) == (gold.number_value(m) if m else None)

@@ -3,6 +3,7 @@ storable: the guards that keep a partition from looping on one bad message."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from evalstream.aggregator.store import Sourced, _one_per_item, storable
@@ -104,3 +105,29 @@ def test_an_engine_that_breaks_fails_its_requests_transiently(engine: Raising) -
     requests = [GenRequest(item_id=f"i{i}", messages=[], params=GenerationParams()) for i in range(3)]
     outputs = ModelRunner._generate(engine, requests)  # type: ignore[arg-type]
     assert len(outputs) == 3 and all(isinstance(o, TransientEngineError) for o in outputs)
+
+
+def test_a_fixed_schema_refuses_deep_nesting_without_the_depth_scan() -> None:
+    """ShardResult keeps no value of any shape, so decode skips the byte scan for depth: a
+    deep value where a string belongs is a ValidationError at once, a deep unknown field is
+    skipped up to the recursion limit and refused past it; a Shard (item meta is any JSON)
+    is still scanned. Every refusal is a msgspec error, which a consumer dead-letters."""
+    from evalstream.common.messages import Shard, ShardResult, decode, holds_any_shape
+
+    assert holds_any_shape(Shard) and not holds_any_shape(ShardResult)
+    head = b'{"run_id":"r","shard_id":"s","worker_id":"w","group":"g","results":[],'
+    assert decode(head + b'"junk":' + b"[" * 40 + b"]" * 40 + b"}", ShardResult).run_id == "r"
+    for raw in (
+        head + b'"junk":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"run_id":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        head + b'"junk":"' + b"x" * 1_100_000 + b'"}',
+    ):
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            decode(raw, ShardResult)
+    deep_meta = b'{"id":"a","question":"q","meta":{"x":' + b"[" * 40 + b"]" * 40 + b"}}"
+    shard = (
+        b'{"run_id":"r","shard_id":"s","shard_index":0,"shard_count":1,"model":"null",'
+        b'"grader":"exact","generation":{},"items":[' + deep_meta + b"]}"
+    )
+    with pytest.raises(msgspec.DecodeError, match="nested deeper than 32"):
+        decode(shard, Shard)

@@ -59,6 +59,8 @@ _TO_ASCII = str.maketrans(
 
 def ascii_numbers(text: str) -> str:
     """ASCII digits and signs; LaTeX spellings of plain numbers: \\frac{1}{2}, 1{,}234, \\$, \\!."""
+    if text.isascii() and "\\" not in text and "{," not in text:
+        return text  # nothing below would change it (isascii is O(1)): most answers and golds
     text = _LATEX_FRAC.sub(r"\1/\2", text.translate(_TO_ASCII))
     return text.replace("{,}", ",").replace("\\$", "$").replace("\\!", "")
 
@@ -77,6 +79,8 @@ def number_value(m: re.Match[str]) -> float | None:
 def parse_number(text: str) -> float | None:
     """A gold answer as a number: the whole text (after GSM8K's "####", if any) must be one
     number, give or take a "%" or a final period; None otherwise."""
+    if text.isascii() and text.isdigit():
+        return float(text)  # what NUMBER makes of plain digits, without the regular expressions
     text = ascii_numbers(text.rsplit("####", 1)[-1]).strip().rstrip(".").rstrip("%").strip()
     m = NUMBER.fullmatch(text)
     return number_value(m) if m else None

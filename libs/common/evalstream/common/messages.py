@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypeVar
 
 import msgspec
+import msgspec.inspect
 
 from evalstream.common.jsonlimits import shape_problem
 from evalstream.common.specs import DEFAULT_MODEL
@@ -296,7 +297,7 @@ class DeadLetterHeaders:
 
 T = TypeVar("T")
 
-_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_decoders: dict[type, tuple[msgspec.json.Decoder[Any], bool]] = {}  # kind -> (decoder, any shape)
 _encoder = msgspec.json.Encoder()
 
 
@@ -311,15 +312,43 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 MESSAGE_BUDGET_BYTES = 900_000
 
 
+def holds_any_shape(kind: Any) -> bool:
+    """Whether a value of `kind` can keep JSON of any shape: a field typed Any, or a type
+    that holds itself. Only such a type needs the depth check before parsing. A fixed type
+    refuses a nested value where it expects another (a ValidationError at once), and the
+    value of an unknown field is skipped, not kept, by a recursion that stops at Python's
+    recursion limit (a RecursionError, refused in `decode`)."""
+
+    def walk(t: msgspec.inspect.Type, structs: frozenset[type]) -> bool:
+        if isinstance(t, msgspec.inspect.AnyType):
+            return True
+        if isinstance(t, msgspec.inspect.StructType):
+            return t.cls in structs or any(walk(f.type, structs | {t.cls}) for f in t.fields)
+        inner = [getattr(t, a) for a in ("item_type", "key_type", "value_type") if hasattr(t, a)]
+        inner += [*getattr(t, "item_types", ()), *getattr(t, "types", ())]
+        return any(walk(i, structs) for i in inner)
+
+    return walk(msgspec.inspect.type_info(kind), frozenset())
+
+
 def decode(data: bytes | str, kind: type[T], max_bytes: int = MAX_MESSAGE_BYTES) -> T:
     """Decodes `data` as `kind`; raises msgspec.ValidationError / DecodeError on bad input,
-    including input too large or nested too deep to parse (checked before parsing)."""
-    if problem := shape_problem(data, max_bytes):
+    including input too large or nested too deep to parse (checked before parsing where
+    `kind` can keep any shape, else refused by the parse itself)."""
+    decoder, any_shape = _decoders.get(kind) or _decoders.setdefault(
+        kind, (msgspec.json.Decoder(kind), holds_any_shape(kind))
+    )
+    if any_shape:
+        problem = shape_problem(data, max_bytes)
+    else:
+        size = len(data.encode() if isinstance(data, str) else data)
+        problem = f"{size} bytes, over the {max_bytes}-byte limit" if size > max_bytes else None
+    if problem:
         raise msgspec.DecodeError(f"not decoded: {problem}")
-    decoder = _decoders.get(kind)
-    if decoder is None:
-        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
-    result: T = decoder.decode(data)
+    try:
+        result: T = decoder.decode(data)
+    except RecursionError:  # an unknown field's value, nested past the recursion limit
+        raise msgspec.DecodeError("not decoded: nested too deep") from None
     version = getattr(result, "schema_version", SCHEMA_VERSION)
     if version > SCHEMA_VERSION:
         raise msgspec.ValidationError(

@@ -19,7 +19,8 @@ def build_messages(shard: Shard, item: Item, grader: str) -> list[ChatMessage]:
         return [*system, *item.messages]
     template = template_for(grader, shard.prompt_template)
     text = template.replace("{question}", item.question or "").replace("{prompt}", item.question or "")
-    text = text.replace("{choices}", format_choices(item.choices))
+    if "{choices}" in text:
+        text = text.replace("{choices}", format_choices(item.choices))
     return [*system, ChatMessage("user", text)]
 
 
