@@ -127,6 +127,26 @@ def test_normalise_ignores_case_spacing_end_punctuation_and_number_spelling() ->
     assert normalise("Paris.") == "paris" != normalise("Lyon")
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["1,000", "-5", "+3.5", ".5", "Inf", "NaN", "-infinity", "1_000", "١٢", "１２", " 7 ", "e5", "1e5",
+     "(3)", "_1", "İnf", "What is 1+2?", "", "..."],
+)  # fmt: skip
+def test_normalise_reads_numbers_as_float_does(text: str) -> None:
+    """normalise skips float() for text that cannot start a number: it must give what
+    float() gives on every spelling it accepts (Unicode digits, inf, nan, underscores)."""
+    from evalstream.common.analysis.questions import _END_PUNCTUATION
+
+    stripped = " ".join(text.casefold().split()).strip(_END_PUNCTUATION)
+    try:
+        value = float(stripped.replace(",", ""))
+    except ValueError:
+        assert normalise(text) == stripped
+        return
+    expected = str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
+    assert normalise(text) == expected
+
+
 def test_duplicate_questions_with_different_golds_are_flagged() -> None:
     items = [
         Item(id="a", question="What is 2 + 2?", answer="4"),

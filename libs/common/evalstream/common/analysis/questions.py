@@ -23,6 +23,10 @@ QuestionKey = tuple[str, tuple[str, ...] | None]
 def normalise(text: str) -> str:
     """Case, spacing and end punctuation do not count; numbers compare by value."""
     text = " ".join(text.casefold().split()).strip(_END_PUNCTUATION)
+    # After the strip (signs and "." are punctuation) float() reads only text that starts
+    # with a decimal digit, or "inf"/"nan": anything else is refused here without raising.
+    if not (text[:1].isdecimal() or text[:1] in ("i", "n")):
+        return text
     try:
         value = float(text.replace(",", ""))
     except ValueError:
