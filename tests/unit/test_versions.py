@@ -148,3 +148,30 @@ def test_grader_versions_have_one_source() -> None:
     )
     with pytest.raises(ValueError):
         graders.grader_version("fuzzy")
+
+
+@pytest.mark.parametrize("sample", ["demo.jsonl", "demo_code.jsonl"])
+def test_a_stored_copy_reads_only_as_the_items_checked_at_submission(sample: str) -> None:
+    """Regrades and reproductions read the stored copy without checking it again as a
+    dataset: its items must hash to the content recorded at submission, so a changed label,
+    a dropped or repeated line, or a line that is no item is refused, never read."""
+    from evalstream.common.regrading import StoredCopyError, copy_items
+
+    original = load_dataset(sample_path(sample).read_bytes(), sample)
+    data = stored_copy(original.items)
+    assert copy_items(data, "s3://d/x", original.content_sha256) == original.items
+    lines = data.splitlines(keepends=True)
+    changed = json.loads(lines[0])
+    changed["answer"] = "not the gold answer" if changed.get("answer") != "not the gold answer" else "x"
+    for copy, why in [
+        (json.dumps(changed).encode() + b"\n" + b"".join(lines[1:]), "changed"),
+        (b"".join(lines[1:]), "changed"),
+        (data + lines[-1], "changed"),
+        (data + b'{"id": 7}\n', "no longer reads"),
+        (
+            data + b'{"id":"z","question":"q","meta":{"a":' + b"[" * 40 + b"]" * 40 + b"}}\n",
+            "no longer reads",
+        ),
+    ]:
+        with pytest.raises(StoredCopyError, match=why):
+            copy_items(copy, "s3://d/x", original.content_sha256)

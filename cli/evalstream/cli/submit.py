@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import re
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from evalstream.cli.common import (
 )
 from evalstream.cli.trackers import export_on_completion
 from evalstream.common import intake_limits, storage
-from evalstream.common.datasets import DatasetError, load_dataset
+from evalstream.common.datasets import DatasetError, scan_dataset
 from evalstream.common.jobs import job_problems, new_run_id, publish_job
 from evalstream.common.lmeval import DEFAULT_FEWSHOT_SEED, TaskError
 from evalstream.common.lmeval.isolation import read_tasks_isolated
@@ -82,7 +83,9 @@ async def upload_and_publish(settings: Settings, job: JobSpec, data: bytes, file
     try:
         # the producer's limit: an item must fit in a shard message beside the job's fields
         item_limit = intake_limits.max_item_bytes(job)
-        loaded = await asyncio.to_thread(load_dataset, data, filename, max_item_bytes=item_limit)
+        # checked as the producer checks it, items counted and not kept (a big set's items,
+        # held all at once, would take several times the file's size)
+        scanned = await asyncio.to_thread(scan_dataset, io.BytesIO(data), filename, max_item_bytes=item_limit)
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
     if problems:
@@ -90,9 +93,9 @@ async def upload_and_publish(settings: Settings, job: JobSpec, data: bytes, file
             f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
         )
         fail(f"rejected {filename}: {len(problems)} problem(s)\n  {shown}", EXIT_REJECTED)
-    for w in loaded.warnings:
+    for w in scanned.warnings:
         print(f"evalctl: warning: {w}", file=sys.stderr)
-    key = f"uploads/{loaded.sha256}/{filename}"
+    key = f"uploads/{scanned.sha256}/{filename}"
     s3 = storage.client(settings)
     await asyncio.to_thread(
         storage.put_bytes, s3, settings.s3_bucket_datasets, key, data, "application/octet-stream"
@@ -100,8 +103,8 @@ async def upload_and_publish(settings: Settings, job: JobSpec, data: bytes, file
     run_id = new_run_id()
     job = msgspec.structs.replace(job, dataset=f"s3://{settings.s3_bucket_datasets}/{key}", run_id=run_id)
     await publish_job(settings, job)
-    print(f"submitted {run_id}: {len(loaded.items)} items, model {job.model}", file=sys.stderr)
-    return run_id, len(loaded.items)
+    print(f"submitted {run_id}: {scanned.items} items, model {job.model}", file=sys.stderr)
+    return run_id, scanned.items
 
 
 async def submit_tasks(args: argparse.Namespace, settings: Settings) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 from minio import Minio
 
 from evalstream.common import storage
-from evalstream.common.datasets import DatasetError, legacy_content_sha256, load_dataset
+from evalstream.common.datasets import content_sha256 as content_hash
+from evalstream.common.datasets import legacy_content_sha256, read_stored_copy
 from evalstream.common.graders import grader_version
 from evalstream.common.manifest import Request
 from evalstream.common.messages import Item
@@ -35,17 +36,24 @@ def stored_items(s3: Minio, uri: str, content_sha256: str) -> list[Item]:
         raise StoredCopyError(f"dataset copy: {exc}") from exc
     except storage.S3Error as exc:
         raise StoredCopyError(f"the dataset copy {uri} is no longer available ({exc.code})") from exc
+    return copy_items(data, uri, content_sha256)
+
+
+def copy_items(data: bytes, uri: str, content_sha256: str) -> list[Item]:
+    """The items of the dataset copy `data` (read from `uri`), if they are the ones whose
+    content hash a run or dataset version recorded; else StoredCopyError."""
     try:
-        loaded = load_dataset(data, "items.jsonl")
-    except DatasetError as exc:
+        items = read_stored_copy(data)
+    except ValueError as exc:
         raise StoredCopyError(f"the dataset copy {uri} no longer reads: {exc}") from exc
-    # a manifest from before the content hash's version 2 names the older hash
-    if loaded.content_sha256 != content_sha256 and legacy_content_sha256(loaded.items) != content_sha256:
+    # the items checked at submission, exactly, or a StoredCopyError (read_stored_copy); a
+    # manifest from before the content hash's version 2 names the older hash
+    found = content_hash(items)
+    if found != content_sha256 and legacy_content_sha256(items) != content_sha256:
         raise StoredCopyError(
-            f"the dataset copy {uri} changed: content {loaded.content_sha256[:12]}, "
-            f"it was {content_sha256[:12]}"
+            f"the dataset copy {uri} changed: content {found[:12]}, it was {content_sha256[:12]}"
         )
-    return loaded.items
+    return items
 
 
 def run_items(s3: Minio, req: Request) -> list[Item]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import msgspec
+
 from evalstream.common.analysis.questions import normalise
 from evalstream.common.datasets.formats import Format
 from evalstream.common.datasets.problems import MAX_PROBLEMS_SHOWN, DatasetError, Problem, Unit
@@ -28,7 +30,7 @@ from evalstream.common.datasets.scan import (
     legacy_content_sha256,
     scan_dataset,
 )
-from evalstream.common.messages import Item, encode
+from evalstream.common.messages import Item, decode, encode
 
 __all__ = [
     "DEFAULT_MAX_ITEM_BYTES",
@@ -45,6 +47,7 @@ __all__ = [
     "load_dataset",
     "load_dataset_file",
     "normalise",
+    "read_stored_copy",
     "scan_dataset",
     "write_stored_copy",
 ]
@@ -97,6 +100,23 @@ def load_stream(
         warnings=scan.warnings,
         filename=filename,
     )
+
+
+def read_stored_copy(data: bytes) -> list[Item]:
+    """The items of a stored copy (JSONL of items, as write_stored_copy and the producer
+    write it), each line decoded as an item under the item size limit. Not checked again
+    as a dataset: the reader compares their content hash with the one recorded when the set
+    was checked (regrading.stored_items), which only the items checked then have, so a copy
+    stored under older rules still reads. Raises ValueError for a line that is no item."""
+    items = []
+    for lineno, line in enumerate(io.BytesIO(data), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(decode(line, Item, max_bytes=DEFAULT_MAX_ITEM_BYTES))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ValueError(f"line {lineno} is not an item: {exc}") from None
+    return items
 
 
 def write_stored_copy(items: Iterable[Item], out: BinaryIO) -> None:
