@@ -29,6 +29,8 @@ from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
 from evalstream.common.settings import Settings
 from evalstream.common.specs import DEFAULT_MODEL
 
+CHECK_IN_PARTS_BYTES = 64 * 1024 * 1024
+
 
 async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
     if args.export and not args.wait:
@@ -85,7 +87,15 @@ async def upload_and_publish(settings: Settings, job: JobSpec, data: bytes, file
         item_limit = intake_limits.max_item_bytes(job)
         # checked as the producer checks it, items counted and not kept (a big set's items,
         # held all at once, would take several times the file's size)
-        scanned = await asyncio.to_thread(scan_dataset, io.BytesIO(data), filename, max_item_bytes=item_limit)
+        scanned = await asyncio.to_thread(
+            scan_dataset,
+            io.BytesIO(data),
+            filename,
+            max_item_bytes=item_limit,
+            # a command starts its checking processes for itself (about a second): worth it
+            # for a large file only
+            processes=settings.dataset_check_processes if len(data) >= CHECK_IN_PARTS_BYTES else 1,
+        )
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
     if problems:

