@@ -5,6 +5,7 @@ been found. Blocks are made tiny here so that every kind of record lands near a 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -93,3 +94,36 @@ def test_blocks_are_whole_lines_numbered_from_where_they_start() -> None:
     assert all(b.endswith(b"\n") for _, b in got[:-1])
     for first, block in got:
         assert data[: data.index(block)].count(b"\n") + 10 == first
+
+
+def test_checking_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the producer cannot stop its children: they must notice and go."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, time\n"
+        "from evalstream.common.datasets import parts\n"
+        "if __name__ == '__main__':\n"
+        "    parts.start(2)\n"
+        "    print(os.getpid(), flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    children = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    assert len(children) >= 2  # the two checkers (and multiprocessing's resource tracker)
+    os.kill(pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while (alive := [c for c in children if Path(f"/proc/{c}").exists()]) and time.monotonic() < deadline:
+        for c in alive:  # reap what we can: orphans go to init, which reaps them
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(c, os.WNOHANG)
+        time.sleep(0.1)
+    assert not alive, f"children {alive} outlived their parent"

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import os
+import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -31,6 +34,7 @@ from evalstream.common.datasets.scan import ItemSink, Part, PartChecks, Scanner
 
 BLOCK_BYTES = 256 * 1024  # lines per child task: a few thousand short items
 IN_FLIGHT_PER_PROCESS = 2  # blocks handed to a child ahead of the one it is on
+PARENT_CHECK_S = 1.0  # how often a child looks whether its parent is still there
 
 _pools: dict[int, ProcessPoolExecutor] = {}
 
@@ -78,8 +82,26 @@ def pool(processes: int) -> ProcessPoolExecutor:
     """This process's pool of `processes` children (started as fresh interpreters: the
     caller may hold threads and sockets, which a fork would copy)."""
     if processes not in _pools:
-        _pools[processes] = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+        _pools[processes] = ProcessPoolExecutor(
+            processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
+            initargs=(os.getpid(),),
+        )
     return _pools[processes]
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Runs in each child as it starts: the child exits once the process that made it is
+    gone (killed with -9, that one could not stop its children, which would wait for blocks
+    for ever)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def start(processes: int) -> None:
