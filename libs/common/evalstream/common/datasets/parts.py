@@ -37,6 +37,7 @@ IN_FLIGHT_PER_PROCESS = 2  # blocks handed to a child ahead of the one it is on
 PARENT_CHECK_S = 1.0  # how often a child looks whether its parent is still there
 
 _pools: dict[int, ProcessPoolExecutor] = {}
+_pools_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,15 @@ def blocks(stream: BinaryIO, first_line: int, size: int) -> Iterator[tuple[int, 
 def pool(processes: int) -> ProcessPoolExecutor:
     """This process's pool of `processes` children (started as fresh interpreters: the
     caller may hold threads and sockets, which a fork would copy)."""
-    if processes not in _pools:
-        _pools[processes] = ProcessPoolExecutor(
-            processes,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_exit_with_parent,
-            initargs=(os.getpid(),),
-        )
-    return _pools[processes]
+    with _pools_lock:  # the producer's start-up and its first job may both ask
+        if processes not in _pools:
+            _pools[processes] = ProcessPoolExecutor(
+                processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
+            )
+        return _pools[processes]
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -115,8 +117,11 @@ def start(processes: int) -> None:
 
 def close() -> None:
     """Stops every pool this process made."""
-    while _pools:
-        _pools.popitem()[1].shutdown(cancel_futures=True)
+    with _pools_lock:
+        closing = list(_pools.values())
+        _pools.clear()
+    for executor in closing:
+        executor.shutdown(cancel_futures=True)
 
 
 def _ready() -> None:
@@ -163,7 +168,9 @@ def scan_in_parts(
             take(in_flight.popleft().result())
     except BrokenProcessPool as exc:
         executor.shutdown(wait=False, cancel_futures=True)
-        _pools.pop(processes, None)
+        with _pools_lock:
+            if _pools.get(processes) is executor:
+                del _pools[processes]
         raise DatasetError(
             [Problem(None, None, f"the dataset could not be checked: a checking process died ({exc})")]
         ) from exc
