@@ -127,3 +127,21 @@ def test_checking_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> 
                 os.waitpid(c, os.WNOHANG)
         time.sleep(0.1)
     assert not alive, f"children {alive} outlived their parent"
+
+
+def test_a_dead_checker_fails_the_check_and_the_next_one_starts_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+    import signal
+
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(parts, "BLOCK_BYTES", 700)
+    data = synthetic(bad=False)
+    before = outcome(data, "set.jsonl", processes=3)
+    assert before == outcome(data, "set.jsonl", processes=1)
+    for child in list(parts._pools[3]._processes):  # what an out-of-memory kill does
+        os.kill(child, signal.SIGKILL)
+    with pytest.raises(parts.CheckingFailed, match="died"):  # no verdict on the dataset
+        outcome(data, "set.jsonl", processes=3)
+    assert outcome(data, "set.jsonl", processes=3) == before

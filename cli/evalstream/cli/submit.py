@@ -21,6 +21,7 @@ from evalstream.cli.common import (
 from evalstream.cli.trackers import export_on_completion
 from evalstream.common import intake_limits, storage
 from evalstream.common.datasets import DatasetError, scan_dataset
+from evalstream.common.datasets.parts import CheckingFailed
 from evalstream.common.jobs import job_problems, new_run_id, publish_job
 from evalstream.common.lmeval import DEFAULT_FEWSHOT_SEED, TaskError
 from evalstream.common.lmeval.isolation import read_tasks_isolated
@@ -98,6 +99,8 @@ async def upload_and_publish(settings: Settings, job: JobSpec, data: bytes, file
         )
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
+    except CheckingFailed as exc:
+        fail(f"cannot check {filename}: {exc}")
     if problems:
         shown = "\n  ".join(problems[:30]) + (
             f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""

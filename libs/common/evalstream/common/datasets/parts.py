@@ -10,8 +10,9 @@ items' JSON to the sink while no problem has been found before them. The set-wid
 (duplicate ids, conflicting answers) then run in the parent, as after one pass.
 
 The pool lives as long as the process that made it (the producer starts its children with
-its lifespan and keeps them from one job to the next). A child that dies (out of memory on a hostile line) fails the check
-with a problem that says so, and the next check starts a new pool.
+its lifespan and keeps them from one job to the next). A child that dies (out of memory)
+fails the check with CheckingFailed, no verdict on the dataset (the producer's job is then
+retried as any failed job is); the next check starts a new pool. A child whose parent is gone exits.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from evalstream.common.datasets.formats import Records, jsonl_records
-from evalstream.common.datasets.problems import DatasetError, Problem, Report
+from evalstream.common.datasets.problems import Report
 from evalstream.common.datasets.scan import ItemSink, Part, PartChecks, Scanner
 
 BLOCK_BYTES = 256 * 1024  # lines per child task: a few thousand short items
@@ -38,6 +39,10 @@ PARENT_CHECK_S = 1.0  # how often a child looks whether its parent is still ther
 
 _pools: dict[int, ProcessPoolExecutor] = {}
 _pools_lock = threading.Lock()
+
+
+class CheckingFailed(RuntimeError):
+    """A checking process died: the dataset was not checked (no verdict on it)."""
 
 
 @dataclass(frozen=True)
@@ -171,9 +176,9 @@ def scan_in_parts(
         with _pools_lock:
             if _pools.get(processes) is executor:
                 del _pools[processes]
-        raise DatasetError(
-            [Problem(None, None, f"the dataset could not be checked: a checking process died ({exc})")]
-        ) from exc
+        # not the dataset's fault as far as anyone knows (memory may have run short beside
+        # other work): the caller's failure, retried as one (the producer's job is redelivered)
+        raise CheckingFailed(f"a process checking the dataset died ({exc})") from exc
     finally:
         for future in in_flight:
             future.cancel()
