@@ -145,3 +145,23 @@ def test_a_dead_checker_fails_the_check_and_the_next_one_starts_afresh(
     with pytest.raises(parts.CheckingFailed, match="died"):  # no verdict on the dataset
         outcome(data, "set.jsonl", processes=3)
     assert outcome(data, "set.jsonl", processes=3) == before
+
+
+def test_a_pool_that_breaks_at_start_is_dropped_and_the_next_start_makes_a_new_one() -> None:
+    import os
+    import signal
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    parts.start(3)
+    broken = parts._pools[3]
+    for child in list(broken._processes):
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while not broken._broken and time.monotonic() < deadline:  # the pool notices the deaths
+        time.sleep(0.05)
+    with pytest.raises(BrokenProcessPool):
+        parts.start(3)
+    assert 3 not in parts._pools  # not kept for the next dataset
+    parts.start(3)
+    assert parts._pools[3] is not broken and len(parts._pools[3]._processes) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -20,6 +21,7 @@ from evalstream.common.poison import PoisonGuard, broker_probe, bucket_probe, da
 from evalstream.common.settings import ProducerSettings
 from evalstream.producer.intake import Intake
 
+log = logging.getLogger("evalstream.producer")
 settings = ProducerSettings.from_env()
 broker = service.make_broker(settings, "producer")
 intake = service.Started[Intake]()
@@ -80,12 +82,19 @@ guard = PoisonGuard(
 )
 
 
+def start_checkers() -> None:
+    """The processes that check large datasets, started beside the rest (parts.py)."""
+    try:
+        parts.start(settings.dataset_check_processes)
+    except Exception:  # not fatal: the first large dataset starts them again
+        log.warning("the dataset checking processes did not start", exc_info=True)
+
+
 @asynccontextmanager
 async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
     intake.set(Intake(settings, pool, storage.client(settings)))
-    # the processes that check large datasets start beside the rest (parts.py)
-    checkers = asyncio.create_task(asyncio.to_thread(parts.start, settings.dataset_check_processes))
+    checkers = asyncio.create_task(asyncio.to_thread(start_checkers))
     try:
         yield
     finally:

@@ -116,8 +116,20 @@ def start(processes: int) -> None:
     that the first large dataset does not wait for them."""
     if processes > 1:
         executor = pool(processes)
-        for ready in [executor.submit(_ready) for _ in range(processes)]:
-            ready.result()
+        try:
+            for ready in [executor.submit(_ready) for _ in range(processes)]:
+                ready.result()
+        except BrokenProcessPool:
+            _drop(processes, executor)  # the first large dataset starts a new one
+            raise
+
+
+def _drop(processes: int, executor: ProcessPoolExecutor) -> None:
+    """A broken pool stopped and forgotten, unless another took its place meanwhile."""
+    executor.shutdown(wait=False, cancel_futures=True)
+    with _pools_lock:
+        if _pools.get(processes) is executor:
+            del _pools[processes]
 
 
 def close() -> None:
@@ -172,10 +184,7 @@ def scan_in_parts(
         while in_flight:
             take(in_flight.popleft().result())
     except BrokenProcessPool as exc:
-        executor.shutdown(wait=False, cancel_futures=True)
-        with _pools_lock:
-            if _pools.get(processes) is executor:
-                del _pools[processes]
+        _drop(processes, executor)
         # not the dataset's fault as far as anyone knows (memory may have run short beside
         # other work): the caller's failure, retried as one (the producer's job is redelivered)
         raise CheckingFailed(f"a process checking the dataset died ({exc})") from exc
