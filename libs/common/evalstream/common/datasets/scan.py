@@ -270,7 +270,9 @@ def scan_dataset(
     each valid item's JSON goes to `sink`, in file order, while no problem has been found.
     Raises DatasetError listing every problem. With `processes` > 1, a JSON Lines file of
     PARALLEL_MIN_BYTES or more is checked by that many child processes, a block of lines
-    each at a time (parts.py): the same problems, warnings, hashes and items, sooner."""
+    each at a time (parts.py): the same problems, warnings, hashes and items, sooner. The
+    children are spawned (fresh interpreters that import the caller's `__main__` again): a
+    script that asks for them runs its work under `if __name__ == "__main__":`."""
     report = Report()
     sha256 = _sha256_of(stream)
     start = stream.tell()
