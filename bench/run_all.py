@@ -28,6 +28,7 @@ BENCHMARKS = [
     "against_lmeval",
     "against_lmeval_mc",
     "pipeline_ceiling",
+    "delta_log",
     "spread_scaling",
     "cache",
     "worker_start",

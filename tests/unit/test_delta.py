@@ -10,8 +10,16 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
-from evalstream.aggregator.delta import COMPACT_ROW_GROUP_ROWS, DeltaResults, RunMeta, app_id
+from evalstream.aggregator.delta import (
+    COMPACT_ROW_GROUP_ROWS,
+    TABLE_CONFIG,
+    DeltaMirror,
+    DeltaResults,
+    RunMeta,
+    app_id,
+)
 from evalstream.common.results import RESULT_COLUMNS
 from tests.support import duckdb_delta
 
@@ -123,3 +131,99 @@ def test_compaction_writes_a_big_run_in_bounded_row_groups(
         -windows * per_window // COMPACT_ROW_GROUP_ROWS
     )
     assert len(read(con, tmp_path)) == windows * per_window
+
+
+# Retentions of zero and a checkpoint every 5 commits: what a long-lived table reaches after
+# days shows after a dozen commits.
+SHORT = {
+    "delta.setTransactionRetentionDuration": "interval 30 days",
+    "delta.logRetentionDuration": "interval 0 hours",
+    "delta.deletedFileRetentionDuration": "interval 0 hours",
+    "delta.checkpointInterval": "5",
+}
+
+
+def commits_in_log(path: Path) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json"))
+
+
+def data_files(path: Path, run_id: str) -> int:
+    return len(list((path / f"run_id={run_id}").glob("*.parquet")))
+
+
+def test_windows_leave_the_log_to_upkeep_which_deletes_what_expired(
+    tmp_path: Path, con: duckdb.DuckDBPyConnection
+) -> None:
+    """A window's commit must not clean the log (delta-rs lists the whole log to do it);
+    upkeep does: the log files behind the latest checkpoint go, the table and its
+    transaction identifiers stay."""
+    table = DeltaResults(str(tmp_path), {}, config=SHORT)
+    app = app_id("eval.results", 0)
+    for i in range(12):
+        table.commit([row("run-a", str(i), "s0")], [], META, {app: i + 1})
+    assert commits_in_log(tmp_path) == list(range(12))  # versions 0-11, checkpoints at 4 and 9
+    done = table.maintain()
+    assert done == {"properties_set": 0, "files_vacuumed": 0}  # nothing replaced, nothing to vacuum
+    assert commits_in_log(tmp_path) == [9, 10, 11]  # from the latest checkpoint on
+    assert len(read(con, tmp_path)) == 12
+    assert DeltaResults(str(tmp_path), {}).held([app]) == {app: 12}  # a new reader of the cleaned log
+
+
+def test_upkeep_vacuums_the_files_a_compaction_replaced(
+    tmp_path: Path, con: duckdb.DuckDBPyConnection
+) -> None:
+    table = DeltaResults(str(tmp_path), {}, config=SHORT)
+    for i in range(4):
+        table.commit([row("run-a", f"{i}-{j}", f"s{i}") for j in range(3)], [], META, {})
+    table.commit([row("run-b", "x", "s0")], [], META, {})
+    before = read(con, tmp_path)
+    table.compact("run-a")
+    assert data_files(tmp_path, "run-a") == 5  # four windows' files and the compacted one
+    assert table.maintain()["files_vacuumed"] == 4
+    assert data_files(tmp_path, "run-a") == 1 and data_files(tmp_path, "run-b") == 1
+    assert read(con, tmp_path) == before
+
+
+def test_upkeep_keeps_replaced_files_for_the_retention_and_brings_an_older_table_to_it(
+    tmp_path: Path,
+) -> None:
+    """A table made by an earlier version (only the transaction retention set) takes on the
+    retentions at its first upkeep, and a compaction's inputs stay on disk for a day."""
+    older = DeltaResults(
+        str(tmp_path), {}, config={"delta.setTransactionRetentionDuration": "interval 30 days"}
+    )
+    for i in range(3):
+        older.commit([row("run-a", str(i), "s0")], [], META, {})
+    older.compact("run-a")
+    table = DeltaResults(str(tmp_path), {})
+    assert table.maintain() == {"properties_set": 2, "files_vacuumed": 0}
+    assert data_files(tmp_path, "run-a") == 4
+    configured = DeltaTable(str(tmp_path)).metadata().configuration
+    assert {k: configured.get(k) for k in TABLE_CONFIG} == TABLE_CONFIG
+    assert table.maintain() == {"properties_set": 0, "files_vacuumed": 0}
+
+
+class CountingResults:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls = 0
+        self.fail = fail
+
+    def maintain(self) -> dict[str, int]:
+        self.calls += 1
+        if self.fail:
+            raise OSError("store away")
+        return {}
+
+
+async def test_upkeep_runs_at_most_once_an_interval_and_a_failure_waits_for_the_next() -> None:
+    results = CountingResults()
+    mirror = DeltaMirror(results, store=None, maintenance_s=3600)  # type: ignore[arg-type]
+    assert await mirror.maintain() and not await mirror.maintain()
+    assert results.calls == 1
+    every_time = DeltaMirror(results, store=None, maintenance_s=0)  # type: ignore[arg-type]
+    assert await every_time.maintain() and await every_time.maintain()
+    assert results.calls == 3
+    failing = CountingResults(fail=True)
+    mirror = DeltaMirror(failing, store=None, maintenance_s=3600)  # type: ignore[arg-type]
+    assert await mirror.maintain()  # logged, not raised: the window that called it goes on
+    assert not await mirror.maintain() and failing.calls == 1

@@ -98,3 +98,23 @@ def test_a_table_made_anew_is_read_anew(tmp_path: Path) -> None:
     assert mine.held(APPS)[APPS[0]] == 6
     mine.versions.as_of = 10**6  # as if the table had been older than the last look
     assert mine.held(APPS) == truth(uri)
+
+
+def test_upkeep_commits_carry_no_transaction(tmp_path: Path, counted: list[str]) -> None:
+    """The table's upkeep (new settings, a vacuum) commits too: the versions known stay
+    known across those commits, as across a compaction."""
+    uri = str(tmp_path / "table")
+    mine = DeltaResults(uri, {}, config={"delta.setTransactionRetentionDuration": "interval 30 days"})
+    mine.commit([row("a")], [], META, {APPS[0]: 5})
+    mine.commit([row("b")], [], META, {APPS[1]: 9})
+    assert mine.held(APPS) == truth(uri)
+    mine.compact("run-1")
+    before = DeltaTable(uri).version()
+    # new settings (no tombstone retention): the upkeep sets them and vacuums the compacted files
+    upkeep = DeltaResults(uri, {}, config={"delta.deletedFileRetentionDuration": "interval 0 hours"})
+    assert upkeep.maintain() == {"properties_set": 1, "files_vacuumed": 2}
+    operations = {c["operation"] for c in DeltaTable(uri).history(limit=DeltaTable(uri).version() - before)}
+    assert {"SET TBLPROPERTIES", "VACUUM START", "VACUUM END"} <= operations
+    counted.clear()
+    assert mine.held(APPS) == {APPS[0]: 5, APPS[1]: 9, APPS[2]: None}
+    assert counted == []

@@ -341,6 +341,9 @@ class AggregatorSettings(ServiceSettings, DatabaseSettings, S3Settings, TestHook
     aggregator_window_records: int = 2000
     aggregator_window_bytes: int = 4 * 1024 * 1024
     aggregator_window_ms: int = 500
+    # The Delta table's upkeep (delete expired log files, vacuum replaced files; delta.py
+    # `maintain`) runs after a run's compaction, at most once per this many seconds.
+    aggregator_delta_maintenance_s: float = 3600.0
 
 
 @dataclass(frozen=True)

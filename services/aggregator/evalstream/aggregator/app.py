@@ -101,7 +101,9 @@ async def lifespan() -> AsyncIterator[None]:
     pool = await db.create_pool(settings.database_url)
     store = ResultStore(pool)
     table = delta.DeltaMirror(
-        delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)), store
+        delta.DeltaResults(delta.table_uri(settings), delta.storage_options(settings)),
+        store,
+        maintenance_s=settings.aggregator_delta_maintenance_s,
     )
     s3 = storage.client(settings)
     lock = SinkLock(settings.database_url)

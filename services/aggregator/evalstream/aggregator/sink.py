@@ -240,6 +240,7 @@ class ResultSink:
             if first:  # the table has one writer at a time: compaction takes `mirror` too
                 async with self.lock.mirror.held():
                     await self.delta.compact(run_id)
+                    await self.delta.maintain()  # at most once an interval (delta.py)
         return recorded
 
     async def mirror(self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]) -> None:
