@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,7 +49,12 @@ class Table:
     def window(self, run_id: str, window: int, rows: int, offset: int) -> None:
         app = delta.app_id("eval.results", window % 6)
         batch = [
-            {**dict.fromkeys(RESULT_COLUMNS), "run_id": run_id, "item_id": f"{window}-{i}", "response": "x" * 40}
+            {
+                **dict.fromkeys(RESULT_COLUMNS),
+                "run_id": run_id,
+                "item_id": f"{window}-{i}",
+                "response": "x" * 40,
+            }
             for i in range(rows)
         ]
         original, delta.COMMIT_HOOKS = delta.COMMIT_HOOKS, self.hooks
@@ -110,7 +114,10 @@ def main() -> None:
     span = args.windows * min(10, max(1, args.runs // 3))  # the first and last few runs' windows
 
     def phases(ms: list[float]) -> dict[str, float]:
-        return {"early_ms": round(statistics.median(ms[:span]), 1), "late_ms": round(statistics.median(ms[-span:]), 1)}
+        return {
+            "early_ms": round(statistics.median(ms[:span]), 1),
+            "late_ms": round(statistics.median(ms[-span:]), 1),
+        }
 
     arms = {arm: {**phases(t.window_ms), "versions": versions[arm]} for arm, t in tables.items()}
     for a in arms.values():
