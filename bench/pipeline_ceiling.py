@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
-from evalstream.producer.intake import auto_shard_size
+from evalstream.producer.sharding import auto_shard_size
 
 NAME = "pipeline_ceiling"
 GOAL_ITEMS_PER_S = 10_000

@@ -130,11 +130,14 @@ def test_normalise_ignores_case_spacing_end_punctuation_and_number_spelling() ->
 @pytest.mark.parametrize(
     "text",
     ["1,000", "-5", "+3.5", ".5", "Inf", "NaN", "-infinity", "1_000", "١٢", "１２", " 7 ", "e5", "1e5",
-     "(3)", "_1", "İnf", "What is 1+2?", "", "..."],
+     "(3)", "_1", "İnf", "What is 1+2?", "", "...",
+     # plain digits take a shortcut (int, no float): it must agree where float rounds
+     "0", "007", "42", "999999999999999", "9999999999999999", "12345678901234567", "²", "٣"],
 )  # fmt: skip
 def test_normalise_reads_numbers_as_float_does(text: str) -> None:
-    """normalise skips float() for text that cannot start a number: it must give what
-    float() gives on every spelling it accepts (Unicode digits, inf, nan, underscores)."""
+    """normalise skips float() for text that cannot start a number, and reads plain ASCII
+    digits with int(): it must give what float() gives on every spelling it accepts
+    (Unicode digits, inf, nan, underscores, leading zeros, 16 digits and more)."""
     from evalstream.common.analysis.questions import _END_PUNCTUATION
 
     stripped = " ".join(text.casefold().split()).strip(_END_PUNCTUATION)

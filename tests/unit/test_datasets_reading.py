@@ -219,3 +219,22 @@ def test_a_question_repeated_with_another_answer_is_warned_against_its_first_ask
         if "with a different answer" in w.message
     ]
     assert len(expected) > 50 and warned == expected
+
+
+def test_a_repeated_question_with_other_choices_is_another_question() -> None:
+    """The question's key holds its choices: other choices, another question (no warning);
+    the same choices with another answer, a conflict (the key's digest is confirmed on the
+    items' own keys)."""
+    loaded = load_dataset(
+        jsonl(
+            {"id": "a", "question": "Pick one.", "choices": ["x", "y"], "answer": "x"},
+            {"id": "b", "question": "pick one", "choices": ["y", "x"], "answer": "y"},
+            {"id": "c", "question": "Pick  one!", "choices": ["x", "y"], "answer": "y"},
+            {"id": "d", "question": "Pick one.", "answer": "z"},
+        ),
+        "set.jsonl",
+    )
+    conflicts = [(w.line, w.message) for w in loaded.warnings if "with a different answer" in w.message]
+    assert conflicts == [
+        (3, "\"c\" repeats the question of \"a\" (line 1) with a different answer: 'y' vs 'x'")
+    ]

@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, PostCommitHookProperties
 
 from evalstream.aggregator.delta import (
     COMPACT_ROW_GROUP_ROWS,
@@ -167,6 +167,16 @@ def test_windows_leave_the_log_to_upkeep_which_deletes_what_expired(
     assert commits_in_log(tmp_path) == [9, 10, 11]  # from the latest checkpoint on
     assert len(read(con, tmp_path)) == 12
     assert DeltaResults(str(tmp_path), {}).held([app]) == {app: 12}  # a new reader of the cleaned log
+
+
+def test_other_hooks_are_the_callers_choice(tmp_path: Path) -> None:
+    """`hooks` replaces COMMIT_HOOKS on every commit (bench/delta_log.py compares delta-rs'
+    default ones, which clean the log after each commit)."""
+    table = DeltaResults(str(tmp_path), {}, config=SHORT, hooks=PostCommitHookProperties())
+    app = app_id("eval.results", 0)
+    for i in range(12):
+        table.commit([row("run-a", str(i), "s0")], [], META, {app: i + 1})
+    assert commits_in_log(tmp_path) == [9, 10, 11]
 
 
 def test_upkeep_vacuums_the_files_a_compaction_replaced(

@@ -11,16 +11,9 @@ import argparse
 import asyncio
 import importlib
 
-import asyncpg
-import urllib3
-from aiokafka.errors import KafkaError
-from minio.error import MinioException
-
-from evalstream.cli.common import fail
-from evalstream.common import telemetry
-from evalstream.common.kafka_security import KafkaSecurityError
-from evalstream.common.redact import redact
-from evalstream.common.settings import Settings
+# Nothing else at import time: the console script imports this module, and so does every
+# process that `evalctl submit` spawns to check a large dataset (a fresh interpreter imports
+# its parent's main script); the commands' libraries load in main().
 
 # One module per command (or command group), in `--help` order. Each defines
 #     def register(sub: argparse._SubParsersAction) -> None
@@ -54,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import asyncpg
+    import urllib3
+    from aiokafka.errors import KafkaError
+    from minio.error import MinioException
+
+    from evalstream.cli.common import fail
+    from evalstream.common import telemetry
+    from evalstream.common.kafka_security import KafkaSecurityError
+    from evalstream.common.redact import redact
+    from evalstream.common.settings import Settings
+
     args = build_parser().parse_args(argv)
     settings = Settings.from_env()
     telemetry.setup("evalctl")  # the jobs evalctl publishes start their runs' traces

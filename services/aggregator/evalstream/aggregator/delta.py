@@ -180,11 +180,16 @@ class DeltaResults:
     from a thread)."""
 
     def __init__(
-        self, uri: str, options: dict[str, str], config: Mapping[str, str | None] = TABLE_CONFIG
+        self,
+        uri: str,
+        options: dict[str, str],
+        config: Mapping[str, str | None] = TABLE_CONFIG,
+        hooks: PostCommitHookProperties = COMMIT_HOOKS,
     ) -> None:
         self.uri = uri
         self.options = options
         self.config = dict(config)  # the table's settings (TABLE_CONFIG; tests shorten them)
+        self.hooks = hooks  # after each commit (COMMIT_HOOKS; bench/delta_log.py compares others)
         self._table: DeltaTable | None = None
         self.versions = TransactionVersions()
 
@@ -238,7 +243,7 @@ class DeltaResults:
                 configuration=self.config if table is None else None,
                 storage_options=self.options if table is None else None,
                 commit_properties=commit,
-                post_commithook_properties=COMMIT_HOOKS,
+                post_commithook_properties=self.hooks,
             )
             return True
         rows = [*appended, *merged]
@@ -252,7 +257,7 @@ class DeltaResults:
                 source_alias="s",
                 target_alias="t",
                 commit_properties=commit,
-                post_commithook_properties=COMMIT_HOOKS,
+                post_commithook_properties=self.hooks,
                 merge_schema=True,
             )
             .when_matched_update_all(predicate="t.error IS NOT NULL AND s.error IS NULL")
@@ -272,7 +277,7 @@ class DeltaResults:
                 partition_filters=[("run_id", "=", run_id)],
                 max_concurrent_tasks=1,
                 writer_properties=COMPACT_WRITER,
-                post_commithook_properties=COMMIT_HOOKS,
+                post_commithook_properties=self.hooks,
             )
         )
 
@@ -290,10 +295,10 @@ class DeltaResults:
         configured = table.metadata().configuration
         changed = {k: v for k, v in self.config.items() if v is not None and configured.get(k) != v}
         if changed:
-            table.alter.set_table_properties(changed, post_commithook_properties=COMMIT_HOOKS)
+            table.alter.set_table_properties(changed, post_commithook_properties=self.hooks)
         table.cleanup_metadata()
         # the retention is the table's own setting (enforced: never shorter than it)
-        vacuumed = table.vacuum(dry_run=False, post_commithook_properties=COMMIT_HOOKS)
+        vacuumed = table.vacuum(dry_run=False, post_commithook_properties=self.hooks)
         return {"properties_set": len(changed), "files_vacuumed": len(vacuumed)}
 
 

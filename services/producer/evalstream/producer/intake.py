@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import tempfile
+import time
 from array import array
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -79,7 +80,9 @@ class Intake:
             job.dataset,
         )
         with tempfile.TemporaryFile() as source, tempfile.TemporaryFile() as copy:
+            started = time.perf_counter()
             scanned = await self._validate(job, source, copy)
+            validated = time.perf_counter()
             if isinstance(scanned, Rejection):
                 await self.pool.execute(
                     "UPDATE runs SET status = 'rejected', problems = $2, updated_at = now() WHERE run_id = $1",
@@ -88,9 +91,12 @@ class Intake:
                 )
                 log.info("run %s rejected: %d problem(s)", run_id, len(scanned.problems))
                 return "rejected"
-            return await self._publish(job, run_id, scanned, publish)
+            return await self._publish(job, run_id, scanned, publish, validate_s=validated - started)
 
-    async def _publish(self, job: JobSpec, run_id: str, scanned: Scanned, publish: Publish) -> str:
+    async def _publish(
+        self, job: JobSpec, run_id: str, scanned: Scanned, publish: Publish, *, validate_s: float
+    ) -> str:
+        started = time.perf_counter()
         scan = scanned.scan
         if job.shard_size is None:  # the manifest records the size used, for reproductions
             job = msgspec.structs.replace(job, shard_size=auto_shard_size(scan.items))
@@ -120,6 +126,7 @@ class Intake:
             len(chunks),
         )
         await self._record_version(scan, stored_uri, run_id, from_store=stored_uri == job.dataset)
+        stored = time.perf_counter()
         # Every shard is acknowledged by the broker before the run counts as published; keyed
         # by shard, the run's shards spread over every partition (spread.py).
         await publish_all(ShardMessages(run_id, job, chunks, scanned.copy), publish)
@@ -128,7 +135,15 @@ class Intake:
             " WHERE run_id = $1 AND status = 'validating'",
             run_id,
         )
-        log.info("run %s: %d items in %d shards published", run_id, scan.items, len(chunks))
+        log.info(
+            "run %s: %d items in %d shards published (checked in %.2f s, stored in %.2f s, published in %.2f s)",
+            run_id,
+            scan.items,
+            len(chunks),
+            validate_s,
+            stored - started,
+            time.perf_counter() - stored,
+        )
         return "running"
 
     async def reject_undecodable(self, run_id: str, rejected: JobRejected) -> str:

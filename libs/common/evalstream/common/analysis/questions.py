@@ -22,6 +22,8 @@ QuestionKey = tuple[str, tuple[str, ...] | None]
 
 def normalise(text: str) -> str:
     """Case, spacing and end punctuation do not count; numbers compare by value."""
+    if text.isdigit() and text.isascii() and len(text) < 16:  # the usual numeric answer, exact
+        return str(int(text))
     text = " ".join(text.casefold().split()).strip(_END_PUNCTUATION)
     # After the strip (signs and "." are punctuation) float() reads only text that starts
     # with a decimal digit, or "inf"/"nan": anything else is refused here without raising.

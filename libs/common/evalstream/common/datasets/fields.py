@@ -69,13 +69,20 @@ class Fields:
         else:
             question = self.text(line, rec, given[0], required=True)
 
+        # An absent optional field is None without a check: the checks below are most of a
+        # large dataset's reading time.
+        entry_point = test = choices = category = meta = None
         has_code_test = rec.get("test") is not None or rec.get("entry_point") is not None
-        entry_point = self.text(line, rec, "entry_point", required=has_code_test)
-        test = self.text(line, rec, "test", required=has_code_test)
+        if has_code_test:
+            entry_point = self.text(line, rec, "entry_point", required=True)
+            test = self.text(line, rec, "test", required=True)
         answer = self.answer(line, rec, required=not has_code_test)
-        choices = self.choices(line, rec)
-        category = self.text(line, rec, "category")
-        meta = self.meta(line, rec)
+        if "choices" in rec:
+            choices = self.choices(line, rec)
+        if "category" in rec:
+            category = self.text(line, rec, "category")
+        if "meta" in rec:
+            meta = self.meta(line, rec)
         if len(self.report.problems) > before or item_id is None:
             return None
         return Item(

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Literal
 import msgspec
 
 from evalstream.common.datasets.problems import Report, type_name
-from evalstream.common.jsonlimits import shape_problem
+from evalstream.common.jsonlimits import MAX_DEPTH, shape_problem
 
 Format = Literal["jsonl", "parquet", "csv", "humaneval"]
 Records = Iterator[tuple[int, dict[str, Any]]]
@@ -124,7 +124,9 @@ def jsonl_records(stream: BinaryIO, report: Report, first_line: int = 1) -> Reco
             bad = raw[exc.start : exc.start + 1].hex()
             report.problem(lineno, None, f"not valid UTF-8 (byte 0x{bad} at column {exc.start + 1})")
             continue
-        if problem := shape_problem(raw, MAX_LINE_BYTES):
+        # shape_problem's own first test, inline: most lines have too few brackets to nest deep
+        suspect = len(raw) > MAX_LINE_BYTES or raw.count(b"{") + raw.count(b"[") > MAX_DEPTH
+        if suspect and (problem := shape_problem(raw, MAX_LINE_BYTES)):
             report.problem(lineno, None, f"not read: {problem}")
             continue
         try:

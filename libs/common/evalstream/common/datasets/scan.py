@@ -19,12 +19,13 @@ import hashlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from hashlib import blake2b, sha256
 from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
 
-from evalstream.common.analysis.questions import normalise, question_key
+from evalstream.common.analysis.questions import normalise, question_key, question_text
 from evalstream.common.datasets.fields import (
     GENERIC_FIELDS,
     HUMANEVAL_FIELDS,
@@ -60,13 +61,16 @@ class DatasetScan:
     filename: str
 
 
+_CANONICAL = msgspec.json.Encoder(order="sorted")
+
+
 def canonical(item: Item) -> bytes:
     """The item's JSON with keys sorted and defaults omitted: the same for any file format."""
-    return msgspec.json.encode(item, order="sorted")
+    return _CANONICAL.encode(item)
 
 
 def item_digest(item: Item) -> bytes:
-    return hashlib.sha256(canonical(item)).digest()
+    return sha256(_CANONICAL.encode(item)).digest()
 
 
 def content_sha256(items: Any) -> str:
@@ -92,30 +96,40 @@ def _digest_of_digests(digests: bytes | bytearray) -> str:
     return hashlib.sha256(ordered.data).hexdigest()
 
 
-def _hash64(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+def _hash64(text: str) -> bytes:
+    """8 bytes of the text's hash, kept in a bytearray and read as little-endian uint64."""
+    return blake2b(text.encode(), digest_size=8).digest()
 
 
 def _question_key(item: Item) -> bytes:
-    """A fixed-size digest of the question's key (the audit's rule: analysis.questions)."""
-    return hashlib.blake2b(msgspec.json.encode(question_key(item)), digest_size=16).digest()
+    """A fixed-size digest of the question's key (the audit's rule: analysis.questions).
+    Only a candidate: a match is confirmed on the items' own keys (_conflict_warnings)."""
+    digest = blake2b(normalise(question_text(item)).encode(), digest_size=16)
+    if item.choices:
+        digest.update(b"\x00" + msgspec.json.encode(item.choices))
+    return digest.digest()
+
+
+def _uint64s(hashes: bytearray) -> np.ndarray:
+    return np.frombuffer(hashes, dtype="<u8")
 
 
 class _SetChecks:
     """What the set-wide checks keep per item: fixed-size numbers, in arrays."""
 
     def __init__(self) -> None:
-        self.id_hashes = array("Q")
+        self.id_hashes = bytearray()  # 8 bytes each (_hash64)
         self.id_lines = array("I")  # line numbers: 4 bytes (a dataset is capped far below 2**32 lines)
         self.digests = bytearray()
         self.questions = bytearray()  # 16-byte question keys of answered items
-        self.answers = array("Q")  # hash of each one's normalised answer
+        self.answers = bytearray()  # 8-byte hash of each one's normalised answer
         self.answer_lines = array("I")
         self.unknown: dict[str, tuple[int, int]] = {}  # field -> (first line, count)
         self.unknown_more = 0  # records with fields past MAX_UNKNOWN_FIELDS names
 
     def record(self, line: int, record: dict[str, Any], known: frozenset[str]) -> None:
-        self.unknown_names(line, [name for name in record if name not in known])
+        if not record.keys() <= known:  # the usual record: every field known (at C speed)
+            self.unknown_names(line, [name for name in record if name not in known])
 
     def unknown_names(self, line: int, names: list[str]) -> None:
         for name in names:
@@ -128,14 +142,14 @@ class _SetChecks:
                 self.unknown_more += 1
 
     def item_id(self, item_id: str, line: int) -> None:
-        self.id_hashes.append(_hash64(item_id))
+        self.id_hashes += _hash64(item_id)
         self.id_lines.append(line)
 
     def item(self, line: int, item: Item) -> None:
         self.digests += item_digest(item)
         if item.answer is not None:
             self.questions += _question_key(item)
-            self.answers.append(_hash64(normalise(item.answer)))
+            self.answers += _hash64(normalise(item.answer))
             self.answer_lines.append(line)
 
     def extend(self, part: Part) -> None:
@@ -151,7 +165,7 @@ class _SetChecks:
 
     def duplicate_id_lines(self) -> list[int]:
         """Lines whose id hash is shared with another line (candidates, to confirm)."""
-        hashes = np.frombuffer(self.id_hashes, dtype=np.uint64)
+        hashes = _uint64s(self.id_hashes)
         if len(hashes) < 2:
             return []
         order = np.argsort(hashes, kind="stable")
@@ -168,7 +182,7 @@ class _SetChecks:
         different answer (by hash), the later one compared with the first; in file order.
         Computed on views of the arrays and a few 8-byte columns, freed as they are done
         with: the peak is about 25 bytes per item."""
-        n = len(self.answers)
+        n = len(self.answer_lines)
         if n < 2:
             return []
         keys = np.frombuffer(self.questions, dtype="S16")
@@ -178,7 +192,7 @@ class _SetChecks:
         first_index[1:][ordered_keys[1:] == ordered_keys[:-1]] = 0  # 0 unless a question starts
         del ordered_keys
         np.maximum.accumulate(first_index, out=first_index)  # -> where its question starts
-        answers = np.frombuffer(self.answers, dtype=np.uint64)[order]
+        answers = _uint64s(self.answers)[order]
         differs = np.nonzero(answers != answers[first_index])[0]
         del answers
         lines = np.frombuffer(
@@ -382,7 +396,7 @@ def _conflict_warnings(stream: BinaryIO, filename: str, report: Report, pairs: l
         first, item = items.get(first_line), items.get(line)
         if first is None or item is None or first.answer is None or item.answer is None:
             continue
-        if _question_key(first) != _question_key(item) or normalise(first.answer) == normalise(item.answer):
+        if question_key(first) != question_key(item) or normalise(first.answer) == normalise(item.answer):
             continue  # a hash collision, not a conflict
         confirmed += 1
         report.warning(
