@@ -20,7 +20,7 @@ from evalstream.cli.common import (
 )
 from evalstream.cli.trackers import export_on_completion
 from evalstream.common import intake_limits, storage
-from evalstream.common.datasets import DatasetError, DatasetScan, parts, scan_dataset
+from evalstream.common.datasets import DatasetError, scan_dataset
 from evalstream.common.datasets.parts import CheckingFailed
 from evalstream.common.jobs import job_problems, new_run_id, publish_job
 from evalstream.common.lmeval import DEFAULT_FEWSHOT_SEED, TaskError
@@ -30,7 +30,7 @@ from evalstream.common.messages import GenerationParams, JobSpec, RetryPolicy
 from evalstream.common.settings import Settings
 from evalstream.common.specs import DEFAULT_MODEL
 
-CHECK_IN_PARTS_BYTES = 8 * 1024 * 1024
+CHECK_IN_PARTS_BYTES = 64 * 1024 * 1024
 
 
 async def cmd_submit(args: argparse.Namespace, settings: Settings) -> None:
@@ -88,21 +88,17 @@ async def upload_and_publish(settings: Settings, job: JobSpec, data: bytes, file
         item_limit = intake_limits.max_item_bytes(job)
         # checked as the producer checks it, items counted and not kept (a big set's items,
         # held all at once, would take several times the file's size)
-        # a command starts its checking processes for itself and stops them once done (about
-        # 0.3 s): worth it from a file of several MB (150,000 short items, 10.9 MB: 1.1-1.2 s
-        # in one process, 0.93-0.98 s in two, their start included)
-        processes = settings.dataset_check_processes if len(data) >= CHECK_IN_PARTS_BYTES else 1
-
-        def check() -> DatasetScan:
-            try:
-                return scan_dataset(
-                    io.BytesIO(data), filename, max_item_bytes=item_limit, processes=processes
-                )
-            finally:
-                if processes > 1:
-                    parts.close()
-
-        scanned = await asyncio.to_thread(check)
+        scanned = await asyncio.to_thread(
+            scan_dataset,
+            io.BytesIO(data),
+            filename,
+            max_item_bytes=item_limit,
+            # a command starts its checking processes for itself: worth it for a large file
+            # only (150,000 short items, 10.9 MB, took 1.0-1.05 s in one process and 1.24-1.27 s
+            # in two when evalctl's code runs inside a bigger program, whose main module
+            # each child imports again)
+            processes=settings.dataset_check_processes if len(data) >= CHECK_IN_PARTS_BYTES else 1,
+        )
     except DatasetError as exc:
         problems += [str(p) for p in exc.problems]
     except CheckingFailed as exc:

@@ -328,7 +328,7 @@ class ProducerSettings(ServiceSettings, DatabaseSettings, S3Settings):
     dataset_local_root: str = ""
     dataset_max_bytes: int = 268_435_456
     # Processes that check a large JSON Lines dataset (datasets/parts.py); 1: the producer's
-    # own thread only. Checking is about 13 µs of CPU per short item.
+    # own thread only. Checking is about 7 µs of CPU per short item (150,000 in 1.0 s).
     dataset_check_processes: int = 2
 
 
