@@ -80,6 +80,7 @@ def measure(
         for name in SERVICES:
             if (pid := procstat.pid_of(name)) is not None:
                 os.kill(pid, signal.SIGUSR1)
+    control_us = procstat.cpu_control_us()  # the machine's speed just before the run
     meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()
     log = benchstack.stack_dir() / "logs" / "producer.log"
@@ -115,7 +116,8 @@ def measure(
     }
     after_publish = run.elapsed_s - run.submit_s
     recording.log(
-        f"{n} items: {run.items_per_s:,.0f} items/s end to end ({run.elapsed_s:.1f} s, submit {run.submit_s:.1f} s), "
+        f"{n} items: {run.items_per_s:,.0f} items/s end to end ({run.elapsed_s:.1f} s, submit {run.submit_s:.1f} s, "
+        f"control {control_us} µs), "
         f"peaks MiB { ({k: round((v or 0) / 2**20) for k, v in peaks.items()}) }"
     )
     return {
@@ -124,6 +126,7 @@ def measure(
         "run": run.as_dict(),
         "items_per_s_from_publish": round(n / after_publish, 1) if after_publish > 0 else None,
         "ready_s": round(ready_s, 2),
+        "control_us": control_us,
         "cpu_s": cpu,
         "cpu_us_per_item": {k: round(v / max(1, run.items) * 1e6, 1) for k, v in cpu.items()},
         "cpu_total_us_per_item": round(sum(cpu.values()) / max(1, run.items) * 1e6, 1),
@@ -159,6 +162,8 @@ def median_of(repeats: list[dict[str, Any]], rate: Callable[[dict[str, Any]], fl
     if chosen is None:
         chosen = sorted(repeats, key=rate)[(len(repeats) - 1) // 2]
     out = {**chosen, "repeats": [rate(r) for r in repeats]}
+    if all("control_us" in r for r in repeats):
+        out["controls"] = [r["control_us"] for r in repeats]
     if "peak_rss_bytes" in chosen:
         out["peak_rss_bytes"] = {
             name: int(
@@ -232,6 +237,11 @@ def repeats_note(median: dict[str, Any]) -> str:
     return f" (median of {len(rates)}: {', '.join(pure.fmt_num(r) for r in rates)})"
 
 
+def controls_note(median: dict[str, Any]) -> str:
+    """The machine control of every repeat, in the order of the rates."""
+    return " / ".join(f"{c:.2f}" for c in median.get("controls") or [median.get("control_us") or 0])
+
+
 def goals(
     runs: list[dict[str, Any]], regrade: dict[str, Any] | None, growth: dict[str, float]
 ) -> list[dict[str, Any]]:
@@ -256,7 +266,8 @@ def goals(
             f"≥ {GOAL_ITEMS_PER_S:,}",
             measured,
             ips >= GOAL_ITEMS_PER_S and not big["unfinished"],
-            f"CPU µs/item at {large:,}: {cpu_note}",
+            f"CPU µs/item at {large:,}: {cpu_note}; machine control {controls_note(big)} µs/row "
+            "(procstat.cpu_control_us, just before each repeat: higher is a slower machine)",
         ),
         pure.goal_row(
             "3c",
@@ -264,7 +275,8 @@ def goals(
             f"≥ {GOAL_SMALL_ITEMS_PER_S:,}",
             pure.fmt_num(small_run["run"]["items_per_s"]) + repeats_note(small_run),
             small_run["run"]["items_per_s"] >= GOAL_SMALL_ITEMS_PER_S and not small_run["unfinished"],
-            f"CPU µs/item: {', '.join(f'{k} {v:.0f}' for k, v in small_run['cpu_us_per_item'].items())}",
+            f"CPU µs/item: {', '.join(f'{k} {v:.0f}' for k, v in small_run['cpu_us_per_item'].items())}; "
+            f"machine control {controls_note(small_run)} µs/row",
         ),
         pure.goal_row(
             "3d",
@@ -274,7 +286,9 @@ def goals(
             regrade is not None
             and not regrade["unfinished"]
             and regrade["items_per_s"] >= GOAL_REGRADE_ITEMS_PER_S,
-            "request → every result in PostgreSQL" if regrade else "",
+            f"request → every result in PostgreSQL; machine control {controls_note(regrade)} µs/row"
+            if regrade
+            else "",
         ),
         pure.goal_row(
             "3b",
@@ -342,6 +356,7 @@ def measure_regrade(run_id: str, items: int, deadline_s: float) -> dict[str, Any
     settings = Settings.from_env()
     asyncio.run(pipeline_runs.wait_status(run_id, "completed", deadline_s))  # only a completed run regrades
     new_id = new_run_id()
+    control_us = procstat.cpu_control_us()  # the machine's speed just before the run
     meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()
     t0 = time.time()
@@ -364,8 +379,11 @@ def measure_regrade(run_id: str, items: int, deadline_s: float) -> dict[str, Any
         "items_per_s": round(items / elapsed, 1),
         "unfinished": unfinished,
         "cpu_us_per_item": {k: round(v / items * 1e6, 1) for k, v in cpu.items()},
+        "control_us": control_us,
     }
-    recording.log(f"regrade of {items:,} items: {out['items_per_s']:,.0f} items/s ({elapsed:.1f} s)")
+    recording.log(
+        f"regrade of {items:,} items: {out['items_per_s']:,.0f} items/s ({elapsed:.1f} s, control {control_us} µs)"
+    )
     return out
 
 

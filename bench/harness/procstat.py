@@ -99,3 +99,29 @@ class CpuMeter:
             if p is not None:
                 self.used[n] = round(cpu_seconds(p) - b, 3)
         return self.used
+
+
+CONTROL_ROWS = 20_000
+
+
+def cpu_control_us() -> float:
+    """The machine's speed now, as µs per row of a fixed workload in this process (stdlib
+    JSON and SHA-256 over the same rows, best of 3): it shares no code with the project, so
+    runs of any commit compare on it. These machines are shared and their speed drifts by a
+    fifth within an hour; a run's rate read beside this says how much was the machine."""
+    import hashlib
+    import json
+    import time
+
+    rows = [
+        {"id": f"n{i:07d}", "question": f"What is {i} + {i % 7}?", "answer": str(i + i % 7)}
+        for i in range(CONTROL_ROWS)
+    ]
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for row in rows:
+            hashlib.sha256(json.dumps(row, sort_keys=True).encode()).digest()
+            json.loads(json.dumps(row))
+        best = min(best, time.perf_counter() - started)
+    return round(best / CONTROL_ROWS * 1e6, 3)

@@ -170,3 +170,15 @@ def test_headline_prefers_repeats_under_the_same_outside_load() -> None:
     assert h["all_repeats"]["median"] == 1.05
     noisy = interference.headline([1.0, 3.0], [(0.0, 1.0), (0.0, 1.0)])
     assert noisy["noisy"] and noisy["median"] == 2.0 and noisy["of_repeats"] == [0, 1]
+
+
+def test_the_ceiling_reports_each_repeats_machine_control_beside_its_rate() -> None:
+    from bench.pipeline_ceiling import controls_note, median_of, run_rate
+
+    repeats = [
+        {"run": {"items_per_s": r}, "control_us": c} for r, c in ((9000, 7.1), (11000, 6.2), (10000, 6.6))
+    ]
+    median = median_of(repeats, run_rate)
+    assert median["run"]["items_per_s"] == 10000 and median["control_us"] == 6.6
+    assert median["repeats"] == [9000, 11000, 10000] and median["controls"] == [7.1, 6.2, 6.6]
+    assert controls_note(median) == "7.10 / 6.20 / 6.60"
