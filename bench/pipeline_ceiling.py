@@ -65,8 +65,9 @@ def dataset(n: int) -> Path:
 def measure(
     n: int, *, shard_args: list[str], deadline_s: float, profile_dir: Path | None = None
 ) -> dict[str, Any]:
+    controls: list[float] = []  # the machine's speed, while the services are stopped
     if profile_dir is None:
-        benchstack.restart(SERVICES)
+        benchstack.restart(SERVICES, while_stopped=lambda: controls.append(procstat.cpu_control_us()))
     else:
         for name in SERVICES:
             profiled.start_sampled(
@@ -80,7 +81,7 @@ def measure(
         for name in SERVICES:
             if (pid := procstat.pid_of(name)) is not None:
                 os.kill(pid, signal.SIGUSR1)
-    control_us = procstat.cpu_control_us()  # the machine's speed just before the run
+    control_us = controls[0] if controls else None
     meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()
     log = benchstack.stack_dir() / "logs" / "producer.log"
@@ -162,7 +163,7 @@ def median_of(repeats: list[dict[str, Any]], rate: Callable[[dict[str, Any]], fl
     if chosen is None:
         chosen = sorted(repeats, key=rate)[(len(repeats) - 1) // 2]
     out = {**chosen, "repeats": [rate(r) for r in repeats]}
-    if all("control_us" in r for r in repeats):
+    if all(r.get("control_us") is not None for r in repeats):
         out["controls"] = [r["control_us"] for r in repeats]
     if "peak_rss_bytes" in chosen:
         out["peak_rss_bytes"] = {
@@ -267,7 +268,7 @@ def goals(
             measured,
             ips >= GOAL_ITEMS_PER_S and not big["unfinished"],
             f"CPU µs/item at {large:,}: {cpu_note}; machine control {controls_note(big)} µs/row "
-            "(procstat.cpu_control_us, just before each repeat: higher is a slower machine)",
+            "(procstat.cpu_control_us, before each repeat with the services stopped: higher is a slower machine)",
         ),
         pure.goal_row(
             "3c",
@@ -356,7 +357,7 @@ def measure_regrade(run_id: str, items: int, deadline_s: float) -> dict[str, Any
     settings = Settings.from_env()
     asyncio.run(pipeline_runs.wait_status(run_id, "completed", deadline_s))  # only a completed run regrades
     new_id = new_run_id()
-    control_us = procstat.cpu_control_us()  # the machine's speed just before the run
+    control_us = procstat.cpu_control_us()  # the machine's speed before the regrade (services idle)
     meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()
     t0 = time.time()

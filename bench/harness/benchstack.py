@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +152,18 @@ def reset_stack() -> None:
     set_worker_env({})
 
 
-def restart(names: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+def restart(
+    names: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    while_stopped: Callable[[], object] | None = None,
+) -> None:
     """Stops the named services and brings the stack up again (resets their peak RSS).
-    `env` applies to what is restarted; the worker keeps the settings ensure_up gave it."""
+    `env` applies to what is restarted; the worker keeps the settings ensure_up gave it.
+    `while_stopped` runs between (a measurement of the machine without the services)."""
     for name in names:
         stack("stop", name)
+    if while_stopped is not None:
+        while_stopped()
     stack("up", *_shape_args(shape_now()), env={**worker_env_now(), **(env or {})})
 
 
