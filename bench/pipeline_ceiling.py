@@ -65,9 +65,9 @@ def dataset(n: int) -> Path:
 def measure(
     n: int, *, shard_args: list[str], deadline_s: float, profile_dir: Path | None = None
 ) -> dict[str, Any]:
-    controls: list[float] = []  # the machine's speed, while the services are stopped
+    control_us: float | None = None  # the machine's speed, while the services are stopped
     if profile_dir is None:
-        benchstack.restart(SERVICES, while_stopped=lambda: controls.append(procstat.cpu_control_us()))
+        control_us = benchstack.restart(SERVICES, while_stopped=procstat.cpu_control_us)
     else:
         for name in SERVICES:
             profiled.start_sampled(
@@ -81,7 +81,6 @@ def measure(
         for name in SERVICES:
             if (pid := procstat.pid_of(name)) is not None:
                 os.kill(pid, signal.SIGUSR1)
-    control_us = controls[0] if controls else None
     meter = procstat.CpuMeter([*SERVICES, *INFRA])
     meter.start()
     log = benchstack.stack_dir() / "logs" / "producer.log"
@@ -239,8 +238,8 @@ def repeats_note(median: dict[str, Any]) -> str:
 
 
 def controls_note(median: dict[str, Any]) -> str:
-    """The machine control of every repeat, in the order of the rates."""
-    return " / ".join(f"{c:.2f}" for c in median.get("controls") or [median.get("control_us") or 0])
+    """The machine control of every repeat, in the order of the rates ("–" without one)."""
+    return " / ".join(f"{c:.2f}" for c in median.get("controls") or []) or "–"
 
 
 def goals(

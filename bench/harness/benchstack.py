@@ -13,11 +13,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.harness.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
 from bench.harness.pure import MetricKey, parse_prometheus
 from evalstream.common.settings import SERVICE_PORTS
+
+T = TypeVar("T")
 
 
 def use_bench_stack() -> dict[str, str]:
@@ -155,16 +157,17 @@ def reset_stack() -> None:
 def restart(
     names: Sequence[str],
     env: Mapping[str, str] | None = None,
-    while_stopped: Callable[[], object] | None = None,
-) -> None:
+    while_stopped: Callable[[], T] | None = None,
+) -> T | None:
     """Stops the named services and brings the stack up again (resets their peak RSS).
     `env` applies to what is restarted; the worker keeps the settings ensure_up gave it.
-    `while_stopped` runs between (a measurement of the machine without the services)."""
+    `while_stopped` runs between (a measurement of the machine without the services): its
+    value is returned."""
     for name in names:
         stack("stop", name)
-    if while_stopped is not None:
-        while_stopped()
+    measured = while_stopped() if while_stopped is not None else None
     stack("up", *_shape_args(shape_now()), env={**worker_env_now(), **(env or {})})
+    return measured
 
 
 REPLICA_PORT_BASE = {"router": 8120, "aggregator": 8130}  # as ops/local/localstack/prometheus.py

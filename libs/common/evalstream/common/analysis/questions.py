@@ -9,7 +9,10 @@ imports it."""
 
 from __future__ import annotations
 
+import hashlib
 import string
+
+import msgspec
 
 from evalstream.common.messages import Item
 
@@ -46,3 +49,13 @@ def question_text(item: Item) -> str:
 def question_key(item: Item) -> QuestionKey:
     """Items with equal keys ask the same question (with the same choices, in order)."""
     return normalise(question_text(item)), tuple(item.choices) if item.choices else None
+
+
+def question_key_digest(item: Item) -> bytes:
+    """16 bytes from the same parts as question_key, without building it (the dataset
+    check takes one per item): equal keys give equal digests, and a match of digests is
+    only a candidate, to confirm on the keys."""
+    digest = hashlib.blake2b(normalise(question_text(item)).encode(), digest_size=16)
+    if item.choices:
+        digest.update(b"\x00" + msgspec.json.encode(item.choices))
+    return digest.digest()

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
-from evalstream.common.analysis.questions import normalise, question_key, question_text
+from evalstream.common.analysis.questions import normalise, question_key, question_key_digest
 from evalstream.common.datasets.fields import (
     GENERIC_FIELDS,
     HUMANEVAL_FIELDS,
@@ -101,15 +101,6 @@ def _hash64(text: str) -> bytes:
     return blake2b(text.encode(), digest_size=8).digest()
 
 
-def _question_key(item: Item) -> bytes:
-    """A fixed-size digest of the question's key (the audit's rule: analysis.questions).
-    Only a candidate: a match is confirmed on the items' own keys (_conflict_warnings)."""
-    digest = blake2b(normalise(question_text(item)).encode(), digest_size=16)
-    if item.choices:
-        digest.update(b"\x00" + msgspec.json.encode(item.choices))
-    return digest.digest()
-
-
 def _uint64s(hashes: bytearray) -> np.ndarray:
     return np.frombuffer(hashes, dtype="<u8")
 
@@ -148,7 +139,7 @@ class _SetChecks:
     def item(self, line: int, item: Item) -> None:
         self.digests += item_digest(item)
         if item.answer is not None:
-            self.questions += _question_key(item)
+            self.questions += question_key_digest(item)
             self.answers += _hash64(normalise(item.answer))
             self.answer_lines.append(line)
 
