@@ -49,12 +49,12 @@ class Table:
     def window(self, run_id: str, window: int, rows: int, offset: int) -> None:
         app = delta.app_id("eval.results", window % 6)
         batch = [
-            {
-                **dict.fromkeys(RESULT_COLUMNS),
-                "run_id": run_id,
-                "item_id": f"{window}-{i}",
-                "response": "x" * 40,
-            }
+            tuple(
+                (
+                    dict.fromkeys(RESULT_COLUMNS)
+                    | {"run_id": run_id, "item_id": f"{window}-{i}", "response": "x" * 40}
+                ).values()
+            )
             for i in range(rows)
         ]
         t0 = time.perf_counter()

@@ -216,14 +216,33 @@ async def test_two_aggregators_writing_the_same_records_at_once_add_each_row_onc
 
 
 async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
-    stack: Settings, pg_admin: asyncpg.Connection, aggregators: list[Aggregator]
+    stack: Settings,
+    pg_admin: asyncpg.Connection,
+    aggregators: list[Aggregator],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    n = objects.SEGMENT_ROWS + 10
-    run_id = await new_run(pg_admin, total=n)
-    items = [f"{i:06d}" for i in range(n)]
-    half = n // 2
-    await aggregators[0].sink.record(window(run_id, "eval.results", 2, {0: items[:half]}))
-    await aggregators[1].sink.record(window(run_id, "eval.results", 3, {0: items[half:]}))
+    """A window whose rows would straddle the end of the run's open segment starts the next
+    one, so it reads back none of another window's rows; a window that fits in the open
+    segment shares it, and the segment is rewritten with the earlier rows read back."""
+    read_back: list[int] = []
+    rows_between = ResultStore.rows_between
+
+    async def counted(self: ResultStore, *args: Any) -> list[asyncpg.Record]:
+        rows = await rows_between(self, *args)
+        read_back.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(ResultStore, "rows_between", counted)
+    half = objects.SEGMENT_ROWS // 2 + 5
+    run_id = await new_run(pg_admin, total=2 * half + 10)
+    items = [f"{i:06d}" for i in range(2 * half + 10)]
+    first, second, third = items[:half], items[half : 2 * half], items[2 * half :]
+    await aggregators[0].sink.record(window(run_id, "eval.results", 2, {0: first}))
+    await aggregators[1].sink.record(window(run_id, "eval.results", 3, {0: second}))
+    assert sum(read_back) == 0  # the second window's rows did not fit in segment 0: segment 1
+    await aggregators[0].sink.record(window(run_id, "eval.results", 2, {1: third}))
+    assert sum(read_back) == half  # the third fits in segment 1: the second's rows read back
+
     s3 = storage.client(stack)
     names = sorted(
         o.object_name
@@ -233,9 +252,19 @@ async def test_segments_hold_a_runs_rows_by_the_order_they_were_recorded(
         f"runs/{run_id}/results/part-000000.parquet",
         f"runs/{run_id}/results/part-000001.parquet",
     ]
-    first = pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, names[0])))
-    assert first.num_rows == objects.SEGMENT_ROWS
+    segments = [
+        pq.read_table(io.BytesIO(storage.get_bytes(s3, stack.s3_bucket_results, name)))
+        .column("item_id")
+        .to_pylist()
+        for name in names
+    ]
+    assert segments == [first, second + third]
     assert parquet_items(stack, run_id) == await pg_items(pg_admin, run_id)
+    ordinals = await pg_admin.fetch(
+        "SELECT item_id, ordinal FROM item_results WHERE run_id = $1 ORDER BY ordinal", run_id
+    )
+    assert [r["item_id"] for r in ordinals] == items
+    assert ordinals[half]["ordinal"] == objects.SEGMENT_ROWS  # the gap: segment 0's unused end
 
 
 async def test_segments_are_the_database_rows_column_for_column_whichever_window_wrote_them(

@@ -17,7 +17,8 @@ from evalstream.common.results import EXPORT_COLUMNS, RESULT_COLUMNS, arrow_sche
 
 def test_parquet_types_are_declared_not_inferred() -> None:
     # a shard whose items all failed has only nulls in `correct`: still a boolean column
-    rows = [{c: None for c in RESULT_COLUMNS} | {"run_id": "r", "item_id": "a", "shard_id": "s"}]
+    values = dict.fromkeys(RESULT_COLUMNS) | {"run_id": "r", "item_id": "a", "shard_id": "s"}
+    rows = [tuple(values[c] for c in RESULT_COLUMNS)]
     table = pq.read_table(io.BytesIO(objects.rows_to_parquet(rows)))
     assert table.schema == arrow_schema(RESULT_COLUMNS)
     assert table.schema.field("correct").type == pa.bool_()

@@ -20,13 +20,13 @@ from evalstream.aggregator.delta import (
     RunMeta,
     app_id,
 )
-from evalstream.common.results import RESULT_COLUMNS
+from evalstream.common.results import RESULT_COLUMNS, ResultRow
 from tests.support import duckdb_delta
 
 META = {"run-a": RunMeta("null", "m" * 64, "d" * 64), "run-b": RunMeta("hf:x", "n" * 64, "e" * 64)}
 
 
-def row(run_id: str, item_id: str, shard_id: str, error: str | None = None) -> dict[str, Any]:
+def row(run_id: str, item_id: str, shard_id: str, error: str | None = None) -> ResultRow:
     out: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
     out.update(
         run_id=run_id,
@@ -47,7 +47,7 @@ def row(run_id: str, item_id: str, shard_id: str, error: str | None = None) -> d
         truncated=False,
         category="c",
     )
-    return out
+    return tuple(out[c] for c in RESULT_COLUMNS)
 
 
 def read(con: duckdb.DuckDBPyConnection, path: Path) -> list[tuple[Any, ...]]:

@@ -11,17 +11,18 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from evalstream.aggregator.delta import SCHEMA, DeltaResults, app_id
+from evalstream.aggregator.delta import DeltaResults, app_id
 from evalstream.aggregator.store import RunMeta
+from evalstream.common.results import RESULT_COLUMNS, ResultRow
 
 META = {"run-1": RunMeta("null", "m" * 64, "d" * 64)}
 APPS = [app_id("eval.results", p) for p in range(3)]
 
 
-def row(item_id: str) -> dict[str, Any]:
-    out: dict[str, Any] = dict.fromkeys(SCHEMA.names)
+def row(item_id: str) -> ResultRow:
+    out: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
     out.update(run_id="run-1", item_id=item_id)
-    return out
+    return tuple(out.values())
 
 
 def truth(uri: str) -> dict[str, int | None]:

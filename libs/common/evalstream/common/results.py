@@ -5,6 +5,7 @@ so that every copy of the results has the same columns with the same types."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -55,6 +56,23 @@ EXPORT_COLUMNS = (
     "served_by",
     "category",
 )
+
+
+# A result row as the aggregator's sink carries it to S3 and the Delta table: its values in
+# RESULT_COLUMNS' order. Columns for Arrow come from one zip over the rows, where a dict per
+# row cost a lookup per value, twice (Parquet segment and Delta commit).
+ResultRow = tuple[Any, ...]
+RUN_ID_AT = 0  # run_id's place in a ResultRow
+
+
+def result_columns(rows: Sequence[ResultRow]) -> list[tuple[Any, ...]]:
+    """The rows' values by column, in RESULT_COLUMNS' order (each row holds exactly those)."""
+    if not rows:
+        return [() for _ in RESULT_COLUMNS]
+    columns = list(zip(*rows, strict=True))
+    if len(columns) != len(RESULT_COLUMNS):
+        raise ValueError(f"a result row has {len(columns)} values, not {len(RESULT_COLUMNS)}")
+    return columns
 
 
 def pg_type(column: str) -> str:

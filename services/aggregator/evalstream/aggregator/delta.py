@@ -52,6 +52,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from evalstream.aggregator.objects import SCHEMA as RESULT_SCHEMA
 from evalstream.aggregator.store import ResultStore, RunMeta
+from evalstream.common.results import RUN_ID_AT, ResultRow, result_columns
 from evalstream.common.settings import S3Settings
 
 log = logging.getLogger("evalstream.aggregator.delta")
@@ -90,8 +91,6 @@ COMMIT_HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_
 COMPACT_ROW_GROUP_ROWS = 2048
 COMPACT_WRITER = WriterProperties(max_row_group_size=COMPACT_ROW_GROUP_ROWS)
 
-Row = Mapping[str, Any]
-
 
 def table_uri(settings: S3Settings) -> str:
     return f"s3://{settings.s3_bucket_results}/{TABLE_PATH}"
@@ -114,11 +113,12 @@ def app_id(topic: str, partition: int) -> str:
     return f"evalstream-aggregator/{topic}/{partition}"
 
 
-def to_arrow(rows: Sequence[Row], meta: Mapping[str, RunMeta]) -> pa.Table:
-    columns: dict[str, list[Any]] = {name: [r[name] for r in rows] for name in RESULT_SCHEMA.names}
-    for c in RUN_COLUMNS:
-        columns[c] = [getattr(meta[r["run_id"]], c) for r in rows]
-    return pa.table(columns, schema=SCHEMA)
+def to_arrow(rows: Sequence[ResultRow], meta: Mapping[str, RunMeta]) -> pa.Table:
+    columns = result_columns(rows)
+    runs = [meta[r] for r in columns[RUN_ID_AT]]
+    columns += [tuple(getattr(m, c) for m in runs) for c in RUN_COLUMNS]
+    arrays = [pa.array(values, type=f.type) for values, f in zip(columns, SCHEMA, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
 class TransactionVersions:
@@ -215,8 +215,8 @@ class DeltaResults:
 
     def commit(
         self,
-        appended: Sequence[Row],
-        merged: Sequence[Row],
+        appended: Sequence[ResultRow],
+        merged: Sequence[ResultRow],
         meta: Mapping[str, RunMeta],
         transactions: Mapping[str, int],
     ) -> bool:
@@ -247,7 +247,7 @@ class DeltaResults:
             )
             return True
         rows = [*appended, *merged]
-        runs = sorted({r["run_id"] for r in rows})
+        runs = sorted({r[RUN_ID_AT] for r in rows})
         in_runs = ", ".join("'" + r.replace("'", "''") + "'" for r in runs)
         (
             table.merge(
@@ -317,9 +317,9 @@ class DeltaMirror:
         return await asyncio.to_thread(self.results.held, app_ids)
 
     async def commit(
-        self, appended: Sequence[Row], merged: Sequence[Row], transactions: Mapping[str, int]
+        self, appended: Sequence[ResultRow], merged: Sequence[ResultRow], transactions: Mapping[str, int]
     ) -> bool:
-        meta = await self.run_meta({r["run_id"] for r in (*appended, *merged)})
+        meta = await self.run_meta({r[RUN_ID_AT] for r in (*appended, *merged)})
         return await asyncio.to_thread(self.results.commit, appended, merged, meta, transactions)
 
     async def compact(self, run_id: str) -> None:

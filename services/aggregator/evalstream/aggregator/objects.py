@@ -9,24 +9,23 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import asyncpg
 import pyarrow as pa
 import pyarrow.parquet as pq
 from minio import Minio
 
 from evalstream.common import storage
 from evalstream.common.keys import run_object_name, segment_object_name
-from evalstream.common.results import RESULT_COLUMNS, arrow_schema
+from evalstream.common.results import RESULT_COLUMNS, ResultRow, arrow_schema, result_columns
 
 SCHEMA = arrow_schema(RESULT_COLUMNS)  # S3 mirrors PostgreSQL column for column
 
 
-def rows_to_parquet(rows: Sequence[Mapping[str, Any]] | Sequence[asyncpg.Record]) -> bytes:
-    columns = {name: [r[name] for r in rows] for name in SCHEMA.names}
-    table = pa.table(columns, schema=SCHEMA)
+def rows_to_parquet(rows: Sequence[ResultRow]) -> bytes:
+    arrays = [pa.array(values, type=f.type) for values, f in zip(result_columns(rows), SCHEMA, strict=True)]
+    table = pa.Table.from_arrays(arrays, schema=SCHEMA)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
@@ -64,7 +63,7 @@ def write_segment(
     bucket: str,
     run_id: str,
     segment: int,
-    rows: Sequence[Mapping[str, Any]] | Sequence[asyncpg.Record],
+    rows: Sequence[ResultRow],
 ) -> str:
     name = segment_object_name(run_id, segment)
     storage.put_bytes(s3, bucket, name, rows_to_parquet(rows), "application/vnd.apache.parquet")

@@ -53,10 +53,10 @@ from evalstream.aggregator.store import (
     Written,
     coordinates,
     row_values,
+    stored_values,
 )
-from evalstream.common.messages import ItemResult
 from evalstream.common.metrics import SINK_STAGE
-from evalstream.common.results import RESULT_COLUMNS
+from evalstream.common.results import ResultRow
 from evalstream.common.testhooks import CrashPoints
 
 log = logging.getLogger("evalstream.aggregator.sink")
@@ -65,8 +65,6 @@ WRITE_LOCK_KEY = 0x65767369  # "evsi": one window's database write at a time, ac
 MIRROR_LOCK_KEY = 0x6576736D  # "evsm": one window's mirror and completion check at a time
 LOCK_TIMEOUT_S = 300  # a holder stuck longer than this is not waited for: the window is retried
 SEGMENT_WRITERS = 8  # Parquet segments written at once (S3 round trips overlap)
-
-Row = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -155,23 +153,18 @@ class timed(contextlib.AbstractContextManager[None]):
         self.close()
 
 
-def result_row(result: ItemResult) -> dict[str, Any]:
-    """A result as its database row holds it (NUL replaced, as store.write stores it)."""
-    return dict(zip(RESULT_COLUMNS, row_values(result), strict=True))
-
-
 @dataclass
 class Effects:
     """What a window's mirror must do: Delta rows to append or merge, the transaction
     versions they commit, and the rows the window holds, by run and ordinal (what it wrote,
     or found as its records' rows): the Parquet segments they fall into are rewritten."""
 
-    appended: list[Row] = field(default_factory=list)
-    merged: list[Row] = field(default_factory=list)
+    appended: list[ResultRow] = field(default_factory=list)
+    merged: list[ResultRow] = field(default_factory=list)
     transactions: dict[str, int] = field(default_factory=dict)
-    rows: dict[str, dict[int, Row]] = field(default_factory=dict)
+    rows: dict[str, dict[int, ResultRow]] = field(default_factory=dict)
 
-    def touch(self, run_id: str, ordinal: int, row: Row) -> None:
+    def touch(self, run_id: str, ordinal: int, row: ResultRow) -> None:
         self.rows.setdefault(run_id, {})[ordinal] = row
 
     def segments(self) -> list[tuple[str, int]]:
@@ -258,7 +251,7 @@ class ResultSink:
         with timed("delta_commit"):
             await self.delta.commit(effects.appended, effects.merged, effects.transactions)
 
-    async def segment_rows(self, run_id: str, segment: int, held: Mapping[int, Row]) -> list[Row]:
+    async def segment_rows(self, run_id: str, segment: int, held: Mapping[int, ResultRow]) -> list[ResultRow]:
         """A segment's rows as the database holds them now: the window's own from memory (as
         committed; a later window that changed one rewrites the segment after this one), the
         rest read. Reading after the window's commit keeps the rewrite up to date (module
@@ -266,8 +259,10 @@ class ResultSink:
         first, end = objects.segment_bounds(segment)
         spans = objects.spans_without(first, end, held)
         if spans is None:  # held rows scattered: the whole segment in one read
-            return list(await self.store.segment_rows(self.pool, run_id, first, end))
-        rows = {r["ordinal"]: r for r in await self.store.rows_between(self.pool, run_id, spans)}
+            return [stored_values(r) for r in await self.store.segment_rows(self.pool, run_id, first, end)]
+        rows = {
+            r["ordinal"]: stored_values(r) for r in await self.store.rows_between(self.pool, run_id, spans)
+        }
         rows.update((o, row) for o, row in held.items() if first <= o < end)
         return [rows[o] for o in sorted(rows)]
 
@@ -286,7 +281,7 @@ class ResultSink:
             return version is None or offset >= version
 
         for (run_id, _), w in written.items():
-            row = result_row(w.row.result)
+            row = row_values(w.row.result)  # as written: a Sourced result holds no NUL
             out.touch(run_id, w.ordinal, row)
             if pending(w.row.source):
                 (out.appended if w.inserted else out.merged).append(row)
@@ -297,7 +292,7 @@ class ResultSink:
             sources = {r.source for r in window.results if pending(r.source)}
             for (run_id, _), row in (await self.store.stored_rows(conn, again)).items():
                 if row["source"] in sources:
-                    values = {c: row[c] for c in RESULT_COLUMNS}
+                    values = stored_values(row)
                     out.touch(run_id, row["ordinal"], values)
                     out.merged.append(values)
         for source in coords:

@@ -17,10 +17,11 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from evalstream.aggregator.objects import SEGMENT_ROWS
 from evalstream.common.analysis.reports import summarise
 from evalstream.common.messages import ItemResult
 from evalstream.common.names import is_plain_name
-from evalstream.common.results import RESULT_COLUMNS, pg_type
+from evalstream.common.results import RESULT_COLUMNS, ResultRow, pg_type
 
 # A window's rows reach item_results through a temporary table of the session's own: COPY in
 # binary (asyncpg encodes each value once; an array parameter per column costs it an ABC check
@@ -61,9 +62,16 @@ INSERT_FAILURE = (
     _insert_staged("error IS NOT NULL")
     + "ON CONFLICT (run_id, item_id) DO NOTHING RETURNING run_id, item_id, true AS inserted, ordinal"
 )
-# A block of ordinals per run, one per row the window may add.
+# A block of ordinals per run, one per row the window may add. A block that would straddle
+# the end of the run's open Parquet segment ($3 rows each, objects.py) starts the next one
+# instead: a window's rows then share no segment with an earlier window's, which would be read
+# back from the database and encoded again (a fast run's windows hold thousands of rows). The
+# open segment keeps its gap, as it keeps those of rows a window did not add (redeliveries).
+# Computed from the row being updated, so concurrent writers could not share a block.
+_OPEN = "runs.next_ordinal % $3"
 ALLOCATE_ORDINALS = (
     "UPDATE runs SET next_ordinal = runs.next_ordinal + v.n"
+    f" + CASE WHEN {_OPEN} > 0 AND $3 - {_OPEN} < v.n THEN $3 - {_OPEN} ELSE 0 END"
     " FROM unnest($1::text[], $2::int8[]) AS v(run_id, n) WHERE runs.run_id = v.run_id"
     " RETURNING runs.run_id, runs.next_ordinal - v.n AS base"
 )
@@ -105,6 +113,15 @@ def row_values(result: ItemResult) -> tuple[Any, ...]:
     """A result's values in RESULT_COLUMNS' order, as its row holds them (a Sourced result
     holds no NUL)."""
     values: tuple[Any, ...] = _result_values(result)
+    return values
+
+
+_stored_values = operator.itemgetter(*RESULT_COLUMNS)
+
+
+def stored_values(record: asyncpg.Record) -> ResultRow:
+    """A database row's result values, by name (the queries select more columns than them)."""
+    values: ResultRow = _stored_values(record)
     return values
 
 
@@ -284,7 +301,10 @@ class ResultStore:
         if not staged.rows:
             return {}
         runs, counts = list(staged.per_run), list(staged.per_run.values())
-        blocks = {rec["run_id"]: rec["base"] for rec in await conn.fetch(ALLOCATE_ORDINALS, runs, counts)}
+        blocks = {
+            rec["run_id"]: rec["base"]
+            for rec in await conn.fetch(ALLOCATE_ORDINALS, runs, counts, SEGMENT_ROWS)
+        }
         bases = [blocks[r] for r in runs]
         added: dict[str, int] = {}
         written: dict[tuple[str, str], Written] = {}
