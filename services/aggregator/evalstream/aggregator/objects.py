@@ -1,9 +1,14 @@
-"""Result files in the S3 store: a run's rows in Parquet segments of SEGMENT_ROWS rows by
-their ordinal (the order they were recorded in, migration 006), under deterministic names
+"""Result files in the S3 store: a run's rows in Parquet segments of SEGMENT_ROWS ordinals
+(the order they were recorded in, migration 006), under deterministic names
 (`runs/<run>/results/part-00000.parquet`, ...). A window rewrites the segments its rows fell
-into from the database rows, so S3 always mirrors PostgreSQL and a rewrite is idempotent: a
-fast run fills a segment in a few windows, a slow run's open segment is rewritten as it
-grows, and a finished run has about rows / SEGMENT_ROWS files, whatever its shards were."""
+into from the database rows, so S3 always mirrors PostgreSQL and a rewrite is idempotent. A
+window's block of ordinals that would straddle the end of the open segment starts the next
+one (store.ALLOCATE_ORDINALS): a fast run's windows of thousands of rows each get segments of
+their own, never reading back and encoding again another window's rows, while a slow run's
+small windows fill its open segment, which is rewritten as it grows. Every segment but the
+last is then more than half full (less only where a redelivery left its reserved ordinals
+unused): a finished run has rows / SEGMENT_ROWS files, up to twice as many, whatever its
+shards were."""
 
 from __future__ import annotations
 
