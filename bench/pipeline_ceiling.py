@@ -4,7 +4,10 @@ on 3 workers of one group, 2 routers and 2 aggregators (issue 23's topology).
 The workers serve only `null` (no model loaded). Each size runs BENCH_CEILING_REPEATS times
 (3; 1 with --quick) and the median is reported, every repeat's rate beside it. Before each
 repeat every service is restarted (so that each one's peak RSS, VmHWM, starts afresh), a
-small warm-up run goes through, then the measured run: `evalctl submit` (in-process) ->
+small warm-up run goes through, the data path's consumer groups (routers, aggregators,
+workers) are waited on until each is stable with every member holding partitions (a service
+restarted a moment ago joins its group seconds later, and a rebalance mid-run stalls every
+member: no running stack pays that), then the measured run: `evalctl submit` (in-process) ->
 every result in PostgreSQL. Reported:
 items/s end to end (and from publish), CPU µs per item of every stack process (from /proc:
 each service instance, Kafka, PostgreSQL with its backends, SeaweedFS), the peak RSS of each
@@ -34,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import benchstack, data, paths, pipeline_runs, procstat, profiled, pure, recording
+from evalstream.common import topics
 from evalstream.producer.sharding import auto_shard_size
 
 NAME = "pipeline_ceiling"
@@ -45,6 +49,13 @@ SHAPE = {"workers": 3, "routers": 2, "aggregators": 2}
 SERVICES = benchstack.topology(**SHAPE)
 INFRA = ["kafka", "postgres", "s3"]
 WORKER_ENV = {"WORKER_MODEL": "null"}
+# The consumer groups of the data path, each with every member holding partitions of its
+# topic (6 each): (members, holding).
+SETTLED = {
+    topics.ROUTER_GROUP: (SHAPE["routers"], SHAPE["routers"]),
+    topics.AGGREGATOR_GROUP: (SHAPE["aggregators"], SHAPE["aggregators"]),
+    topics.worker_consumer_group("default"): (SHAPE["workers"], SHAPE["workers"]),
+}
 CORES = len(os.sched_getaffinity(0))
 SMALL_SHARDS = 32  # the sensitivity run: the same items in small shards
 
@@ -77,6 +88,7 @@ def measure(
     pipeline_runs.run_pipeline(
         dataset(200), "--model", "null", *shard_args, total=200, name="bench-ceiling-warmup"
     )
+    settle_s = benchstack.wait_groups_settled(SETTLED)  # no rebalance in the measured run
     if profile_dir is not None:  # profile the measured run only, not start-up and warm-up
         for name in SERVICES:
             if (pid := procstat.pid_of(name)) is not None:
@@ -126,6 +138,7 @@ def measure(
         "run": run.as_dict(),
         "items_per_s_from_publish": round(n / after_publish, 1) if after_publish > 0 else None,
         "ready_s": round(ready_s, 2),
+        "settle_s": round(settle_s, 2),
         "control_us": control_us,
         "cpu_s": cpu,
         "cpu_us_per_item": {k: round(v / max(1, run.items) * 1e6, 1) for k, v in cpu.items()},

@@ -14,7 +14,6 @@ Goals (issue 23): speed-up ≥ 2.7× at 3 workers and ≥ 5× at 6; each of 3 wo
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import benchstack, data, pipeline_runs, pure, recording
 from bench.harness.pure import metric_sum
+from evalstream.common.topics import worker_consumer_group
 
 NAME = "spread_scaling"
 ITEMS = 12_000
@@ -53,45 +53,14 @@ def answered(workers: int) -> list[float]:
     ]
 
 
-async def group_members(group: str) -> tuple[str, int, int]:
-    """(state, members, members holding a partition) of a worker group's consumer group."""
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.protocol.group import MemberAssignment
-
-    from evalstream.common import topics
-    from evalstream.common.kafka_security import client_kwargs
-    from evalstream.common.settings import Settings
-
-    admin = AIOKafkaAdminClient(**client_kwargs(Settings.from_env()))
-    await admin.start()
-    try:
-        described = await admin.describe_consumer_groups([topics.worker_consumer_group(group)])
-    finally:
-        await admin.close()
-    for response in described:
-        for g in response.groups:
-            # (error, group id, state, protocol type, protocol, members, ...); each member's
-            # assignment is the last field, in the consumer protocol's encoding
-            members = g[5]
-            holding = sum(1 for m in members if m[-1] and MemberAssignment.decode(m[-1]).assignment)
-            return g[2], len(members), holding
-    return "Dead", 0, 0
-
-
 def bring_up(workers: int) -> float:
     """The stack with `workers` workers, each a member of the group holding a partition."""
     t0 = time.monotonic()
     benchstack.ensure_up({"WORKER_MODEL": "null", "ENGINE_DELAY_MS": str(DELAY_MS)}, workers=workers)
-    deadline = time.monotonic() + 180
-    while True:
-        state, members, holding = asyncio.run(group_members("default"))
-        if state == "Stable" and members == workers and holding == min(workers, 6):
-            return time.monotonic() - t0
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"{workers} workers never settled in their group: {state}, {members}, {holding}"
-            )
-        time.sleep(0.5)
+    benchstack.wait_groups_settled(
+        {worker_consumer_group("default"): (workers, min(workers, 6))}, timeout=180
+    )
+    return time.monotonic() - t0
 
 
 def one_run(workers: int) -> dict[str, Any]:

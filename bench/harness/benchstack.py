@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -190,6 +191,45 @@ def http_get(url: str, timeout: float = 5.0) -> str:
 def metrics(name: str) -> dict[MetricKey, float]:
     """The Prometheus samples a service exposes right now."""
     return parse_prometheus(http_get(f"http://127.0.0.1:{service_port(name)}/metrics"))
+
+
+async def group_state(group: str) -> tuple[str, int, int]:
+    """(state, members, members holding a partition) of a consumer group."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.protocol.group import MemberAssignment
+
+    from evalstream.common.kafka_security import client_kwargs
+    from evalstream.common.settings import Settings
+
+    admin = AIOKafkaAdminClient(**client_kwargs(Settings.from_env()))
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    for response in described:
+        for g in response.groups:
+            # (error, group id, state, protocol type, protocol, members, ...); each member's
+            # assignment is the last field, in the consumer protocol's encoding
+            members = g[5]
+            holding = sum(1 for m in members if m[-1] and MemberAssignment.decode(m[-1]).assignment)
+            return g[2], len(members), holding
+    return "Dead", 0, 0
+
+
+def wait_groups_settled(expected: Mapping[str, tuple[int, int]], timeout: float = 120) -> float:
+    """Seconds until each consumer group is Stable with (members, members holding a
+    partition) as expected. A service restarted a moment ago joins its group a few seconds
+    later (at the others' next heartbeat): a run measured before that pays a rebalance of
+    every member mid-way, which no running stack does."""
+    t0 = time.monotonic()
+    while True:
+        states = {g: asyncio.run(group_state(g)) for g in expected}
+        if all(state == ("Stable", *expected[g]) for g, state in states.items()):
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"consumer groups never settled: {states}, expected {dict(expected)}")
+        time.sleep(0.2)
 
 
 def wait_http(url: str, timeout: float) -> float:

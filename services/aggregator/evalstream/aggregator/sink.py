@@ -270,34 +270,34 @@ class ResultSink:
         self, conn: asyncpg.Connection, window: Window, written: Mapping[Any, Written]
     ) -> Effects:
         out = Effects()
-        coords = {r.source: coordinates(r.source) for r in window.results}
+        # per record, not per result: a record carries a shard's results
+        coords = {source: coordinates(source) for source in {r.source for r in window.results}}
         partitions = sorted({(t, p) for t, p, _ in coords.values()})
         with timed("delta_versions"):
             held = await self.delta.held([app_id(t, p) for t, p in partitions])
 
-        def pending(source: str) -> bool:
-            topic, partition, offset = coords[source]
+        def committed(topic: str, partition: int, offset: int) -> bool:
             version = held[app_id(topic, partition)]
-            return version is None or offset >= version
+            return version is not None and offset < version
 
+        # the records whose rows Delta has not committed yet
+        pending = {source for source, at in coords.items() if not committed(*at)}
         for (run_id, _), w in written.items():
             row = row_values(w.row.result)  # as written: a Sourced result holds no NUL
             out.touch(run_id, w.ordinal, row)
-            if pending(w.row.source):
+            if w.row.source in pending:
                 (out.appended if w.inserted else out.merged).append(row)
         # Items this write did not change, carried by records Delta has not committed: a window
         # redone after a crash finds its rows by their source (else they are duplicates).
-        again = {r.key for r in window.results if r.key not in written and pending(r.source)}
+        again = {r.key for r in window.results if r.key not in written and r.source in pending}
         if again:
-            sources = {r.source for r in window.results if pending(r.source)}
             for (run_id, _), row in (await self.store.stored_rows(conn, again)).items():
-                if row["source"] in sources:
+                if row["source"] in pending:
                     values = stored_values(row)
                     out.touch(run_id, row["ordinal"], values)
                     out.merged.append(values)
-        for source in coords:
-            if pending(source):
-                topic, partition, offset = coords[source]
-                key = app_id(topic, partition)
-                out.transactions[key] = max(out.transactions.get(key, 0), offset + 1)
+        for source in sorted(pending):
+            topic, partition, offset = coords[source]
+            key = app_id(topic, partition)
+            out.transactions[key] = max(out.transactions.get(key, 0), offset + 1)
         return out
