@@ -50,11 +50,11 @@ SERVICES = benchstack.topology(**SHAPE)
 INFRA = ["kafka", "postgres", "s3"]
 WORKER_ENV = {"WORKER_MODEL": "null"}
 # The consumer groups of the data path, each with every member holding partitions of its
-# topic (6 each): (members, holding).
+# topic (6 each): (a principal that may describe it, members, holding).
 SETTLED = {
-    topics.ROUTER_GROUP: (SHAPE["routers"], SHAPE["routers"]),
-    topics.AGGREGATOR_GROUP: (SHAPE["aggregators"], SHAPE["aggregators"]),
-    topics.worker_consumer_group("default"): (SHAPE["workers"], SHAPE["workers"]),
+    topics.ROUTER_GROUP: ("router", SHAPE["routers"], SHAPE["routers"]),
+    topics.AGGREGATOR_GROUP: ("aggregator", SHAPE["aggregators"], SHAPE["aggregators"]),
+    topics.worker_consumer_group("default"): ("user", SHAPE["workers"], SHAPE["workers"]),
 }
 CORES = len(os.sched_getaffinity(0))
 SMALL_SHARDS = 32  # the sensitivity run: the same items in small shards

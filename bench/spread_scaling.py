@@ -58,7 +58,7 @@ def bring_up(workers: int) -> float:
     t0 = time.monotonic()
     benchstack.ensure_up({"WORKER_MODEL": "null", "ENGINE_DELAY_MS": str(DELAY_MS)}, workers=workers)
     benchstack.wait_groups_settled(
-        {worker_consumer_group("default"): (workers, min(workers, 6))}, timeout=180
+        {worker_consumer_group("default"): ("user", workers, min(workers, 6))}, timeout=180
     )
     return time.monotonic() - t0
 

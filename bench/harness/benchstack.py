@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from bench.harness.paths import BENCH_OFFSET, FORBIDDEN_OFFSETS, PY, ROOT, STACK_PY
 from bench.harness.pure import MetricKey, parse_prometheus
-from evalstream.common.settings import SERVICE_PORTS
+from evalstream.common.settings import SERVICE_PORTS, KafkaSettings
 
 T = TypeVar("T")
 
@@ -193,15 +193,21 @@ def metrics(name: str) -> dict[MetricKey, float]:
     return parse_prometheus(http_get(f"http://127.0.0.1:{service_port(name)}/metrics"))
 
 
-async def group_state(group: str) -> tuple[str, int, int]:
-    """(state, members, members holding a partition) of a consumer group."""
+def kafka_settings(principal: str = "user") -> KafkaSettings:
+    """The bench stack's Kafka with the credentials of `principal` (client_env)."""
+    return KafkaSettings.from_env(client_env(principal))
+
+
+async def group_state(group: str, kafka: KafkaSettings) -> tuple[str, int, int]:
+    """(state, members, members holding a partition) of a consumer group, asked with
+    credentials allowed to describe it (clients may describe the worker groups; a service,
+    its own group)."""
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.protocol.group import MemberAssignment
 
     from evalstream.common.kafka_security import client_kwargs
-    from evalstream.common.settings import Settings
 
-    admin = AIOKafkaAdminClient(**client_kwargs(Settings.from_env()))
+    admin = AIOKafkaAdminClient(**client_kwargs(kafka))
     await admin.start()
     try:
         described = await admin.describe_consumer_groups([group])
@@ -217,15 +223,16 @@ async def group_state(group: str) -> tuple[str, int, int]:
     return "Dead", 0, 0
 
 
-def wait_groups_settled(expected: Mapping[str, tuple[int, int]], timeout: float = 120) -> float:
-    """Seconds until each consumer group is Stable with (members, members holding a
-    partition) as expected. A service restarted a moment ago joins its group a few seconds
+def wait_groups_settled(expected: Mapping[str, tuple[str, int, int]], timeout: float = 120) -> float:
+    """Seconds until each consumer group (-> the principal that may describe it, members,
+    members holding a partition) is Stable with those members and holders. A service restarted a moment ago joins its group a few seconds
     later (at the others' next heartbeat): a run measured before that pays a rebalance of
     every member mid-way, which no running stack does."""
     t0 = time.monotonic()
+    kafka = {principal: kafka_settings(principal) for principal, *_ in expected.values()}
     while True:
-        states = {g: asyncio.run(group_state(g)) for g in expected}
-        if all(state == ("Stable", *expected[g]) for g, state in states.items()):
+        states = {g: asyncio.run(group_state(g, kafka[principal])) for g, (principal, *_) in expected.items()}
+        if all(state == ("Stable", *expected[g][1:]) for g, state in states.items()):
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"consumer groups never settled: {states}, expected {dict(expected)}")
