@@ -149,10 +149,12 @@ def set_worker_env(env: Mapping[str, str]) -> None:
 
 def reset_stack() -> None:
     """Deletes the bench stack's data (Kafka topics, database, objects) and brings it up
-    afresh with the default worker: the way out of a run that cannot finish."""
+    afresh with the default worker: the way out of a run that cannot finish. The new stack
+    has new credentials: this process's client environment takes them (use_bench_stack)."""
     stack("clean")
     stack("up")
     set_worker_env({})
+    os.environ.update(client_env())
 
 
 def restart(
