@@ -7,12 +7,13 @@ import io
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from evalstream.aggregator import objects, store
 from evalstream.common import fleet
 from evalstream.common.jobs import RUN_ID, new_run_id
 from evalstream.common.messages import Heartbeat
-from evalstream.common.results import EXPORT_COLUMNS, RESULT_COLUMNS, arrow_schema
+from evalstream.common.results import EXPORT_COLUMNS, RESULT_COLUMNS, RUN_ID_AT, arrow_schema, result_columns
 
 
 def test_parquet_types_are_declared_not_inferred() -> None:
@@ -61,3 +62,16 @@ def test_liveness_rule() -> None:
 def test_run_ids() -> None:
     ids = {new_run_id() for _ in range(200)}
     assert len(ids) == 200 and all(RUN_ID.fullmatch(i) for i in ids)
+
+
+def test_result_rows_become_columns_in_result_column_order() -> None:
+    rows = [tuple(f"{c}-{i}" for c in RESULT_COLUMNS) for i in range(3)]
+    columns = result_columns(rows)
+    assert len(columns) == len(RESULT_COLUMNS)
+    assert columns[RUN_ID_AT] == ("run_id-0", "run_id-1", "run_id-2")
+    assert columns[RESULT_COLUMNS.index("error")] == ("error-0", "error-1", "error-2")
+    assert result_columns([]) == [() for _ in RESULT_COLUMNS]  # a table of no rows keeps its columns
+    with pytest.raises(ValueError):  # a row of another width is refused, not read askew
+        result_columns([rows[0][:-1], rows[1][:-1]])
+    with pytest.raises(ValueError):  # rows of different widths (zip's strict check)
+        result_columns([rows[0], rows[1][:-1]])

@@ -62,7 +62,7 @@ EXPORT_COLUMNS = (
 # RESULT_COLUMNS' order. Columns for Arrow come from one zip over the rows, where a dict per
 # row cost a lookup per value, twice (Parquet segment and Delta commit).
 ResultRow = tuple[Any, ...]
-RUN_ID_AT = 0  # run_id's place in a ResultRow
+RUN_ID_AT = RESULT_COLUMNS.index("run_id")
 
 
 def result_columns(rows: Sequence[ResultRow]) -> list[tuple[Any, ...]]:
